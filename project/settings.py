@@ -1,0 +1,206 @@
+"""Settings for agent-quotas, read from the environment.
+
+Every variable is listed, with its default, in the README's configuration
+table; tests/test_settings_env.py keeps that table, this module and
+docker-compose.yml in step.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# Runtime data of the embedded servers, the demo credentials, collected static files.
+VAR_DIR = Path(os.environ.get("AQ_VAR_DIR") or BASE_DIR / "var")
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r}: use true or false")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r}: use a whole number") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r}: use a number >= {minimum}")
+    return value
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
+
+
+def env_required(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise ImproperlyConfigured(
+            f"{name} is not set. `make run` and `make test` set it for you "
+            f"(they start embedded servers); otherwise export it, see the README."
+        )
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Core
+# ---------------------------------------------------------------------------
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY") or ""
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY is not set (or set DEBUG=true for a throwaway development key).")
+    SECRET_KEY = "dev-insecure-only-for-debug"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "quotas",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+ASGI_APPLICATION = "project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# ---------------------------------------------------------------------------
+# Database: DATABASE_URL, e.g. postgres://user:pass@host:5432/agent_quotas
+# ---------------------------------------------------------------------------
+DATABASES = {
+    "default": dj_database_url.parse(env_required("DATABASE_URL"), conn_max_age=60, conn_health_checks=True),
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ---------------------------------------------------------------------------
+# Redis / Valkey: REDIS_URL is the hot path's store, the cache and the broker.
+# ---------------------------------------------------------------------------
+REDIS_URL = env_required("REDIS_URL")
+QUOTAS_REDIS_CONNECT_TIMEOUT_MS = env_int("QUOTAS_REDIS_CONNECT_TIMEOUT_MS", 200, minimum=1)
+QUOTAS_REDIS_READ_TIMEOUT_MS = env_int("QUOTAS_REDIS_READ_TIMEOUT_MS", 500, minimum=1)
+# Every key the service writes starts with this prefix (tests use a random one).
+QUOTAS_REDIS_KEY_PREFIX = env_str("QUOTAS_REDIS_KEY_PREFIX", "aq")
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": f"{QUOTAS_REDIS_KEY_PREFIX}:cache",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "SOCKET_CONNECT_TIMEOUT": QUOTAS_REDIS_CONNECT_TIMEOUT_MS / 1000,
+            "SOCKET_TIMEOUT": QUOTAS_REDIS_READ_TIMEOUT_MS / 1000,
+        },
+    }
+}
+
+# ---------------------------------------------------------------------------
+# Quotas
+# ---------------------------------------------------------------------------
+QUOTAS_FAIL_MODE = env_str("QUOTAS_FAIL_MODE", "closed")
+if QUOTAS_FAIL_MODE not in {"closed", "open"}:
+    raise ImproperlyConfigured(f"QUOTAS_FAIL_MODE={QUOTAS_FAIL_MODE!r}: use closed or open")
+# An unsettled reservation counts at its estimate after this many seconds.
+QUOTAS_RESERVATION_TTL_S = env_int("QUOTAS_RESERVATION_TTL_S", 600, minimum=1)
+# Seconds between full policy resyncs (repairs a flushed or restarted Redis).
+QUOTAS_RESYNC_INTERVAL_S = env_int("QUOTAS_RESYNC_INTERVAL_S", 60, minimum=1)
+# Seconds between drains of the usage stream into Postgres.
+QUOTAS_DRAIN_INTERVAL_S = env_int("QUOTAS_DRAIN_INTERVAL_S", 5, minimum=1)
+
+# ---------------------------------------------------------------------------
+# Celery: configured from these CELERY_* settings (namespace="CELERY").
+# ---------------------------------------------------------------------------
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{QUOTAS_REDIS_KEY_PREFIX}:celery:"}
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULE: dict = {}
+
+# ---------------------------------------------------------------------------
+# Auth, i18n, static files
+# ---------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "admin:login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(VAR_DIR / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve straight from the apps' static folders when DEBUG (no collectstatic needed).
+WHITENOISE_USE_FINDERS = DEBUG
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class QuotasConfig(AppConfig):
+    name = "quotas"
+    verbose_name = "Quotas"
+    default_auto_field = "django.db.models.BigAutoField"

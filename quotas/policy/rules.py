@@ -1,0 +1,62 @@
+"""What makes a limit well-formed, as messages an operator can act on.
+
+One function serves the admin forms (via ``LimitSpec.clean``) and the policy
+file parser, so both say the same thing about the same mistake. The database
+constraints in ``quotas.models`` enforce the same rules for writes that skip
+both.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from quotas.vocabulary import MONEY_METRICS, Metric, Period, choices
+
+NAME_HINT = "letters, digits, '-', '_' and '.'"
+
+
+def limit_spec_errors(
+    *,
+    metric: str,
+    amount: Decimal | None,
+    window_seconds: int | None,
+    period: str,
+    tool: str,
+    model: str,
+    burst: int | None,
+) -> dict[str, str]:
+    """Field name -> message for each rule the spec breaks; empty when it is valid."""
+    errors: dict[str, str] = {}
+    if metric not in Metric.__members__.values():
+        errors["metric"] = f"{metric!r} is not a metric; use one of {choices(Metric)}"
+        return errors
+    if period and period not in Period.__members__.values():
+        errors["period"] = f"{period!r} is not a period; use day or month"
+
+    if amount is not None:
+        if amount <= 0:
+            errors["amount"] = "must be greater than 0"
+        elif metric not in MONEY_METRICS and amount != amount.to_integral_value():
+            errors["amount"] = f"{metric} are counted in whole units; use a whole number such as {int(amount) or 1}"
+
+    if metric == Metric.CONCURRENCY:
+        if window_seconds is not None or period:
+            key = "window" if window_seconds is not None else "period"
+            errors[key] = "a concurrency limit counts leases held at once; leave window and period empty"
+        if burst is not None:
+            errors["burst"] = "a concurrency limit has no burst; leave it empty"
+        if tool or model:
+            key = "tool" if tool else "model"
+            errors[key] = "a concurrency limit applies to the agent's runs, not to one tool or model; leave it empty"
+        return errors
+
+    if window_seconds is None and not period:
+        errors["window"] = f"a {metric} limit needs a rolling window (30s, 5m, 1h, 1d) or a calendar period (day, month)"
+    elif window_seconds is not None and period:
+        errors["period"] = "set a rolling window or a calendar period, not both"
+    if burst is not None:
+        if burst <= 0:
+            errors["burst"] = "must be greater than 0"
+        elif window_seconds is None:
+            errors["burst"] = "burst makes a token bucket over a rolling window; set a window or leave burst empty"
+    return errors
