@@ -10,11 +10,13 @@ from quotas.vocabulary import Level
 from .fields import slug_validator
 
 
-def _unique_in_org(name: str, label: str | None = None) -> models.UniqueConstraint:
+def _unique_in_org(name: str, label: str) -> models.UniqueConstraint:
     return models.UniqueConstraint(
         fields=["org", "slug"],
         name=f"{name}_slug_unique_in_org",
-        violation_error_message=f"This organization already has a {label or name} with this id; ids are unique within an org.",
+        violation_error_message=(
+            f"This organization already has {label} with this id; ids are unique within an org."
+        ),
     )
 
 
@@ -84,10 +86,10 @@ class Team(Node):
     org = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="teams")
 
     class Meta(Node.Meta):
-        constraints = [_unique_in_org("team")]
+        constraints = [_unique_in_org("team", "a team")]
 
     def __str__(self) -> str:
-        return f"{self.slug} ({self.org_id and self.org.slug})"
+        return f"{self.slug} ({self.org.slug})" if self.org_id else self.slug
 
 
 class Member(Node):
@@ -102,7 +104,10 @@ class Member(Node):
 
     class Meta(Node.Meta):
         verbose_name = "user"
-        constraints = [_unique_in_org("member", "user")]
+        constraints = [_unique_in_org("member", "a user")]
+
+    def __str__(self) -> str:
+        return f"{self.slug} ({self.org.slug})" if self.org_id else self.slug
 
     def save(self, *args, **kwargs):
         # The org is the team's: kept here so that "unique within the org" is a constraint.
@@ -123,7 +128,10 @@ class Agent(Node):
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="agents", verbose_name="user")
 
     class Meta(Node.Meta):
-        constraints = [_unique_in_org("agent")]
+        constraints = [_unique_in_org("agent", "an agent")]
+
+    def __str__(self) -> str:
+        return f"{self.slug} ({self.org.slug})" if self.org_id else self.slug
 
     def save(self, *args, **kwargs):
         self.org_id = self.member.org_id

@@ -296,11 +296,14 @@ class _Parser:
         if not isinstance(shadow, bool):
             self.error(_join(place, "shadow"), f"expected true or false; got {_kind(shadow)}")
             shadow = False
+        reported = {where for where, _ in self.errors[before:]}
         for key, message in limit_spec_errors(
             metric=metric, amount=amount, window_seconds=window, period=str(period), tool=tool, model=model,
             burst=burst,
         ).items():
-            self.error(_join(place, "limit" if key == "amount" else key), message)
+            where = _join(place, "limit" if key == "amount" else key)
+            if where not in reported:  # one message per field: the first says what is wrong
+                self.error(where, message)
         if len(self.errors) > before:
             return None
         if not override:
