@@ -166,7 +166,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"global_keyprefix": f"{QUOTAS_REDIS_KEY_PREFIX}:celery:"}
 CELERY_TIMEZONE = "UTC"
-CELERY_BEAT_SCHEDULE: dict = {}
+CELERY_BEAT_SCHEDULE = {
+    "sync-policy": {"task": "quotas.tasks.sync_policy_all", "schedule": QUOTAS_RESYNC_INTERVAL_S},
+    "sweep-reservations": {"task": "quotas.tasks.sweep_reservations", "schedule": 30},
+}
 
 # ---------------------------------------------------------------------------
 # Auth, i18n, static files

@@ -1,0 +1,358 @@
+"""QuotaEngine: the Python face of the Lua scripts. Needs a Redis URL, nothing of Django.
+
+    engine = QuotaEngine.from_url("redis://127.0.0.1:6379/0")
+    d = engine.check(org="acme-corp", agent="agent-1", tool="llm_call", model="gpt-4o", tokens=2000)
+    if d.allowed:
+        ...  # call the model
+        engine.settle(org="acme-corp", reservation=d.reservation, input_tokens=1200, output_tokens=640)
+
+A check is one EVALSHA. The script's keys follow from the agent's path (org,
+team, user, agent), which the engine learns from the first answer and keeps;
+a script that finds the path changed answers "stale" with the new one and the
+engine asks again (after a policy edit that moved the agent, once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import secrets
+import time
+from decimal import Decimal
+from typing import Callable
+
+import redis
+
+from .compile import nanos_to_usd
+from .decision import (
+    LEVELS,
+    Decision,
+    LimitState,
+    PolicyNotLoaded,
+    QuotaBackendUnavailable,
+    QuotaExceeded,
+    Settlement,
+    UnknownAgent,
+    UnknownLease,
+    UnknownOrg,
+    UnknownReservation,
+)
+from .keys import Keys
+from .scripts import register_scripts
+
+log = logging.getLogger("quotas.engine")
+
+MAX_TOKENS = 10**9
+UNKNOWN = "?"  # a path part not learnt yet: the script answers "stale" before touching such a key
+Path = tuple[str, str, str, str]
+
+
+def _format_window(ms: int) -> str:
+    seconds = ms // 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _check_count(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
+        raise ValueError(f"{name} must be a whole number from 0 to {MAX_TOKENS}, not {value!r}")
+    return value
+
+
+class QuotaEngine:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        key_prefix: str = "aq",
+        reservation_ttl_s: int = 600,
+        fail_mode: str = "closed",
+        on_policy_missing: Callable[[str], bool] | None = None,
+        clock: Callable[[], int] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        sweep_per_check: int = 2,
+        path_cache_size: int = 100_000,
+    ):
+        """
+        client: a redis-py client (``decode_responses`` either way).
+        on_policy_missing(org) -> bool: called when the org's policy is not in Redis; returns whether
+            it loaded it (the Django service resyncs from Postgres). Without it the check raises.
+        clock() -> ms: fixes the time the scripts use (tests); None uses the Redis server's TIME.
+        """
+        if fail_mode not in ("closed", "open"):
+            raise ValueError("fail_mode must be 'closed' or 'open'")
+        self.client = client
+        self.keys = Keys(key_prefix)
+        self.reservation_ttl_ms = reservation_ttl_s * 1000
+        self.fail_mode = fail_mode
+        self.on_policy_missing = on_policy_missing
+        self.clock = clock
+        self.sleep = sleep
+        self.sweep_per_check = sweep_per_check
+        self.fail_open_admits = 0
+        self._scripts = register_scripts(client)
+        self._paths: dict[tuple[str, str], Path] = {}
+        self._path_cache_size = path_cache_size
+
+    @classmethod
+    def from_url(cls, url: str, *, connect_timeout_ms: int = 200, read_timeout_ms: int = 500, **options) -> QuotaEngine:
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=connect_timeout_ms / 1000,
+            socket_timeout=read_timeout_ms / 1000,
+            decode_responses=True,
+        )
+        return cls(client, **options)
+
+    # -- the public API --------------------------------------------------------------
+
+    def check(self, *, org: str, agent: str, tool: str | None = None, model: str | None = None, tokens: int = 0) -> Decision:
+        """Charge every limit that applies, or none; say which blocked and when it would pass."""
+        return self._evaluate("check", org, agent, tool, model, _check_count("tokens", tokens))
+
+    def peek(self, *, org: str, agent: str, tool: str | None = None, model: str | None = None, tokens: int = 0) -> Decision:
+        """Every limit that applies to the agent (concurrency included) and what remains; consumes nothing."""
+        return self._evaluate("peek", org, agent, tool, model, _check_count("tokens", tokens))
+
+    def settle(self, *, org: str, reservation: str, input_tokens: int, output_tokens: int) -> Settlement:
+        """Charge the actual tokens and cost of a reservation; refund or add the difference. Idempotent."""
+        _check_count("input_tokens", input_tokens)
+        _check_count("output_tokens", output_tokens)
+        path = self._path_of_id(org, reservation, UnknownReservation)
+        keys = [
+            self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_counters(org, path),
+            self.keys.reservations(org), self.keys.reservation_deadlines(org), self.keys.usage_stream(org),
+        ]
+        args = [self._now(), reservation, input_tokens, output_tokens, self.reservation_ttl_ms, org]
+        result = self._call("settle", keys, args)
+        status = result["s"]
+        if status == "unknown":
+            raise UnknownReservation(reservation)
+        return Settlement(
+            reservation=reservation,
+            status=status,
+            tokens=int(result["tokens"]) if "tokens" in result else None,
+            cost=nanos_to_usd(result["cost"]) if "cost" in result else None,
+            estimated_tokens=int(result["est_tokens"]),
+            estimated_cost=nanos_to_usd(result["est_cost"]),
+        )
+
+    def acquire(self, *, org: str, agent: str, tool: str | None = None, model: str | None = None, tokens: int = 0,
+                timeout: float = 30.0) -> "Admitted":
+        """Check, and if refused sleep for the decision's retry_after (with jitter) and check again.
+
+        Raises QuotaExceeded (with the last decision) when it cannot pass within ``timeout`` seconds,
+        at once if the request can never pass. Use as ``with engine.acquire(...) as decision:``.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            decision = self.check(org=org, agent=agent, tool=tool, model=model, tokens=tokens)
+            if decision.allowed:
+                return Admitted(decision)
+            if decision.retry_after_ms is None:
+                raise QuotaExceeded(decision)
+            wait = decision.retry_after_ms / 1000 * random.uniform(1.0, 1.1) + random.uniform(0, 0.005)
+            if time.monotonic() + wait > deadline:
+                raise QuotaExceeded(decision)
+            self.sleep(wait)
+
+    def lease(self, *, org: str, agent: str, ttl_s: float = 300, timeout: float = 0.0) -> "Lease":
+        """Take a slot in every concurrency limit on the agent's path, or none.
+
+        Waits up to ``timeout`` seconds for a slot (sleeping until the earliest lease expires), then
+        raises QuotaExceeded. Use as ``with engine.lease(...) as lease: ... lease.renew()``.
+        """
+        ttl_ms = int(ttl_s * 1000)
+        if ttl_ms <= 0:
+            raise ValueError("ttl_s must be greater than 0")
+        deadline = time.monotonic() + timeout
+        while True:
+            result, path, args = self._with_path("lease", org, agent, lambda path: (
+                self._lease_keys(org, path),
+                ["acquire", self._now(), " ".join(path), self._new_id(path), ttl_ms],
+            ))
+            limits = self._limit_states(result.get("lim", []), path)
+            if result["s"] == "ok":
+                return Lease(self, org, args[3], int(result["exp"]), limits)
+            decision = Decision(allowed=False, limits=limits, blocked_by=limits[result["b"] - 1],
+                                retry_after_ms=int(result["ra"]))
+            wait = decision.retry_after_ms / 1000 * random.uniform(1.0, 1.1)
+            if time.monotonic() + wait > deadline:
+                raise QuotaExceeded(decision)
+            self.sleep(wait)
+
+    def lease_renew(self, *, org: str, lease: str, ttl_s: float = 300) -> int:
+        """Extend a held lease to ``ttl_s`` from now; returns its new expiry (ms). UnknownLease if it lapsed."""
+        path = self._path_of_id(org, lease, UnknownLease)
+        result = self._call("lease", self._lease_keys(org, path),
+                            ["renew", self._now(), " ".join(path), lease, int(ttl_s * 1000)])
+        if result["s"] != "ok":
+            raise UnknownLease(lease)
+        return int(result["exp"])
+
+    def lease_release(self, *, org: str, lease: str) -> bool:
+        """Free the lease's slots; False if it was not held (already released or expired)."""
+        path = self._path_of_id(org, lease, UnknownLease)
+        result = self._call("lease", self._lease_keys(org, path), ["release", self._now(), " ".join(path), lease, 0])
+        return result["s"] == "ok"
+
+    def sweep(self, *, org: str, batch: int = 500) -> int:
+        """Expire reservations whose settlement is overdue (they count at their estimate)."""
+        keys = [self.keys.reservations(org), self.keys.reservation_deadlines(org), self.keys.usage_stream(org)]
+        return int(self._call("sweep", keys, [self._now(), org, batch, self.reservation_ttl_ms], decode=False))
+
+    def forget_paths(self) -> None:
+        """Drop the learnt agent paths (they are also corrected by the scripts as needed)."""
+        self._paths.clear()
+
+    # -- internals ----------------------------------------------------------------
+
+    def _evaluate(self, mode: str, org: str, agent: str, tool: str | None, model: str | None, tokens: int) -> Decision:
+        try:
+            result, path, _ = self._with_path("check", org, agent, lambda path: (
+                self._check_keys(org, path),
+                [mode, self._now(), " ".join(path), tool or "", model or "", tokens, self._new_id(path),
+                 self.reservation_ttl_ms, self.sweep_per_check if mode == "check" else 0],
+            ))
+        except QuotaBackendUnavailable:
+            if self.fail_mode == "closed":
+                raise
+            self.fail_open_admits += 1
+            log.warning("Redis unreachable: admitting %s/%s %s without a check (fail-open)", org, agent, tool or "")
+            return Decision(allowed=True, degraded=True)
+        limits = self._limit_states(result["lim"], path)
+        would_block = [limit for limit in limits if limit.shadow and not limit.passed]
+        if result["s"] == "ok":
+            return Decision(allowed=True, limits=limits, reservation=result.get("res"), would_block=would_block)
+        retry = int(result["ra"])
+        return Decision(
+            allowed=False,
+            limits=limits,
+            blocked_by=limits[result["b"] - 1],
+            retry_after_ms=None if retry < 0 else retry,
+            would_block=would_block,
+        )
+
+    def _with_path(self, script: str, org: str, agent: str, build) -> tuple[dict, Path, list]:
+        """Run a script that needs the agent's path; learn or correct the path as the script says."""
+        resynced = False
+        for _ in range(4):
+            path = self._paths.get((org, agent)) or (org, UNKNOWN, UNKNOWN, agent)
+            keys, args = build(path)
+            result = self._call(script, keys, args)
+            status = result["s"]
+            if status == "stale":
+                self._remember(org, agent, tuple(result["p"]))
+                continue
+            if status == "missing":
+                if not resynced and self.on_policy_missing is not None:
+                    resynced = True
+                    if self.on_policy_missing(org):
+                        continue
+                    raise UnknownOrg(org)
+                raise PolicyNotLoaded(org)
+            if status == "unknown":
+                self._paths.pop((org, agent), None)
+                raise UnknownAgent(org, agent)
+            return result, path, args
+        raise RuntimeError(f"the policy of {org}/{agent} kept changing under the check")  # pragma: no cover
+
+    def _remember(self, org: str, agent: str, path: Path) -> None:
+        if len(self._paths) >= self._path_cache_size:
+            self._paths.clear()  # simple and thread-safe; paths are relearnt at one extra round trip each
+        self._paths[(org, agent)] = path
+
+    def _call(self, script: str, keys: list[str], args: list, *, decode: bool = True):
+        try:
+            raw = self._scripts[script](keys=keys, args=args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc
+        return json.loads(raw) if decode else raw
+
+    def _now(self) -> str:
+        return "" if self.clock is None else str(int(self.clock()))
+
+    def _new_id(self, path: Path) -> str:
+        """A reservation or lease id that names the path it was made on (settle and release need its keys)."""
+        return f"{secrets.token_hex(8)}.{path[1]}.{path[2]}.{path[3]}"
+
+    def _path_of_id(self, org: str, ident: str, error) -> Path:
+        parts = ident.split(".") if isinstance(ident, str) else []
+        if len(parts) != 4 or not all(parts):
+            raise error(ident)
+        return (org, parts[1], parts[2], parts[3])
+
+    def _check_keys(self, org: str, path: Path) -> list[str]:
+        return [
+            self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_counters(org, path),
+            *self.keys.path_leases(org, path), self.keys.reservations(org), self.keys.reservation_deadlines(org),
+            self.keys.usage_stream(org),
+        ]
+
+    def _lease_keys(self, org: str, path: Path) -> list[str]:
+        return [self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_leases(org, path)]
+
+    @staticmethod
+    def _limit_states(rows: list, path: Path) -> list[LimitState]:
+        states = []
+        for lid, level, metric, amount, window_ms, period, tool, model, burst, shadow, remaining, reset_ms, passed in rows:
+            money = metric == "cost"
+            convert = nanos_to_usd if money else int
+            states.append(LimitState(
+                level=LEVELS[level - 1],
+                node=path[level - 1],
+                metric=metric,
+                limit=convert(amount),
+                remaining=max(convert(remaining), Decimal(0) if money else 0),
+                window=_format_window(window_ms) if window_ms else (period or None),
+                tool=tool or None,
+                model=model or None,
+                reset_ms=int(reset_ms),
+                shadow=bool(shadow),
+                burst=convert(burst) if burst != "" else None,
+                id=lid,
+                passed=bool(passed),
+            ))
+        return states
+
+
+class Admitted:
+    """What ``acquire`` returns: the admitting decision, usable in a ``with`` block."""
+
+    def __init__(self, decision: Decision):
+        self.decision = decision
+
+    def __enter__(self) -> Decision:
+        return self.decision
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+class Lease:
+    """A held concurrency slot. Released on leaving the ``with`` block; expires by itself if not renewed."""
+
+    def __init__(self, engine: QuotaEngine, org: str, lease_id: str, expires_at_ms: int, limits: list[LimitState]):
+        self.engine, self.org, self.id = engine, org, lease_id
+        self.expires_at_ms = expires_at_ms
+        self.limits = limits
+        self.released = False
+
+    def renew(self, ttl_s: float = 300) -> int:
+        self.expires_at_ms = self.engine.lease_renew(org=self.org, lease=self.id, ttl_s=ttl_s)
+        return self.expires_at_ms
+
+    def release(self) -> bool:
+        if self.released:
+            return False
+        self.released = True
+        return self.engine.lease_release(org=self.org, lease=self.id)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

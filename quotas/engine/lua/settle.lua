@@ -1,0 +1,71 @@
+-- settle.lua: charge a reservation's actual tokens and cost, refunding (or adding) the
+-- difference to every limit its check charged. Settling twice changes nothing.
+--
+-- KEYS (one org's hash tag):
+--   1  aq:{org}:org              org policy hash (m:MODEL prices)
+--   2  aq:{org}:a:AGENT          the agent's compiled policy (window and bucket sizes by limit id)
+--   3..6  aq:{org}:c:LEVEL:NODE  counter hashes of org, team, user, agent (the path at check time)
+--   7  aq:{org}:r                open reservations: id -> record
+--   8  aq:{org}:rp               reservation deadlines
+--   9  aq:{org}:usage            usage stream
+-- ARGV:
+--   1 now_ms          "" for the server's TIME
+--   2 reservation     its id
+--   3 input_tokens
+--   4 output_tokens
+--   5 retention_ms    how long a settled record is kept to answer repeats
+--   6 org             the org's id, for the usage event
+-- Example:
+--   EVALSHA sha 9 aq:{acme}:org aq:{acme}:a:agent-1 ... aq:{acme}:usage "" r1.eng.alice.agent-1 1200 640 600000 acme
+-- Returns JSON {"s": "settled"|"repeat"|"expired"|"unknown", "tokens", "cost", "est_tokens", "est_cost"}
+-- (numbers as text: cost in nano-USD).
+
+local now = now_ms(ARGV[1])
+local id = ARGV[2]
+local input, output = tonumber(ARGV[3]), tonumber(ARGV[4])
+assert(input and input >= 0 and output and output >= 0, 'token counts must be numbers >= 0')
+
+local rec = redis.call('HGET', KEYS[7], id)
+if not rec then return cjson.encode({s = 'unknown'}) end
+local f = split(rec, '|')
+if f[1] == 's' then return cjson.encode({s = 'repeat', tokens = f[2], cost = f[3], est_tokens = f[4], est_cost = f[5]}) end
+if f[1] == 'x' then return cjson.encode({s = 'expired', est_tokens = f[2], est_cost = f[3]}) end
+
+-- o|team|user|agent|tool|model|est_tokens|est_cost|created|charges
+local team, user, agent, tool, model = f[2], f[3], f[4], f[5], f[6]
+local est_tokens, est_cost = tonumber(f[7]), tonumber(f[8])
+local tokens = input + output
+local cost = 0
+local prices = redis.call('HGET', KEYS[1], 'm:' .. model)
+if prices then
+  local price_in, price_out = string.match(prices, '^(%d+),(%d+)$')
+  cost = math.ceil((input * tonumber(price_in) + output * tonumber(price_out)) / 1000)
+end
+local actual = {tokens = tokens, cost = cost}
+
+local limits = {}
+local blob = redis.call('GET', KEYS[2])
+if blob then
+  for _, lim in ipairs(cjson.decode(blob).l) do limits[lim.id] = lim end
+end
+for charge in string.gmatch(f[10] or '', '[^;]+') do
+  local c = split(charge, ',')                       -- id,level,metric,where,amount
+  local lim = limits[c[1]]
+  if lim then
+    local key = KEYS[2 + tonumber(c[2])]
+    local delta = actual[c[3]] - tonumber(c[5])
+    if delta ~= 0 then
+      redis.call('HSET', key, c[1], adjust_state(lim, redis.call('HGET', key, c[1]), tonumber(c[4]), delta, now))
+      if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, horizon_ms(lim, now) + 1000) end
+    end
+  end
+end
+
+redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost)}, '|'))
+redis.call('ZADD', KEYS[8], now + tonumber(ARGV[5]), id)
+redis.call('XADD', KEYS[9], '*', 'kind', 'settle', 'org', ARGV[6], 'team', team, 'user', user, 'agent', agent,
+  'tool', tool, 'model', model, 'input_tokens', int(input), 'output_tokens', int(output), 'tokens', int(tokens),
+  'cost_nanos', int(cost), 'est_tokens', int(est_tokens), 'est_cost_nanos', int(est_cost), 'ts_ms', int(now),
+  'reservation', id, 'unsettled', '0')
+return cjson.encode({s = 'settled', tokens = int(tokens), cost = int(cost), est_tokens = int(est_tokens),
+  est_cost = int(est_cost)})
