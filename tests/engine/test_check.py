@@ -1,0 +1,162 @@
+"""check and peek: every limit on the path, charged all together or not at all."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from quotas.engine import PolicyNotLoaded, UnknownAgent
+from quotas.engine.compile import limit_id
+
+from .conftest import PATH, lim, remaining
+
+
+def test_an_admitted_check_charges_every_level(engine, install):
+    install(org=[lim("tokens", 1000, "1h")], team=[lim("tokens", 800, "1h")], user=[lim("tokens", 600, "1h")],
+            agent=[lim("tokens", 400, "1h"), lim("requests", 10, "1m")])
+    decision = engine.check(org="acme", agent="agent-1", tokens=100)
+    assert decision.allowed and decision.reservation
+    assert [(l.level, l.metric, l.remaining) for l in decision.limits] == [
+        ("org", "tokens", 900), ("team", "tokens", 700), ("user", "tokens", 500),
+        ("agent", "tokens", 300), ("agent", "requests", 9),
+    ]
+    assert [l.node for l in decision.limits] == ["acme", "eng", "alice", "agent-1", "agent-1"]
+
+
+def test_a_check_refused_by_one_level_charges_no_other(engine, install):
+    install(org=[lim("tokens", 1000, "1h"), lim("requests", 100, "1h")], user=[lim("tokens", 250, "1h")],
+            agent=[lim("requests", 5, "1m")])
+    assert engine.check(org="acme", agent="agent-1", tokens=200).allowed
+    before = engine.peek(org="acme", agent="agent-1")
+    refused = engine.check(org="acme", agent="agent-1", tokens=100)  # user has 50 left
+    assert not refused.allowed
+    assert (refused.blocked_by.level, refused.blocked_by.node, refused.blocked_by.metric) == ("user", "alice", "tokens")
+    assert refused.reservation is None
+    after = engine.peek(org="acme", agent="agent-1")
+    assert [l.remaining for l in after.limits] == [l.remaining for l in before.limits]
+    assert remaining(after, "requests", "org") == 99 and remaining(after, "requests", "agent") == 4
+
+
+def test_peek_consumes_nothing_and_lists_concurrency(engine, install):
+    install(user=[lim("concurrency", 3)], agent=[lim("requests", 2, "1m")])
+    for _ in range(5):
+        peek = engine.peek(org="acme", agent="agent-1")
+    assert peek.allowed
+    assert [(l.metric, l.remaining, l.window) for l in peek.limits] == [("concurrency", 3, None), ("requests", 2, "1m")]
+
+
+def test_tool_weights_are_credits_and_unknown_tools_cost_one(engine, install):
+    install(agent=[lim("credits", 10, "1m")])
+    assert [engine.check(org="acme", agent="agent-1", tool="llm_call").allowed for _ in range(4)] == [True, True, True, False]
+    assert engine.check(org="acme", agent="agent-1", tool="something-new").allowed  # 9 + 1 = 10
+    assert not engine.check(org="acme", agent="agent-1", tool="something-new").allowed
+
+
+def test_limits_narrowed_to_a_tool_or_model_apply_only_to_it(engine, install):
+    install(agent=[lim("requests", 2, "5m", tool="delete_record"), lim("tokens", 100, "1h", model="gpt-4o")])
+    assert engine.check(org="acme", agent="agent-1", tool="delete_record").allowed
+    assert engine.check(org="acme", agent="agent-1", tool="delete_record").allowed
+    refused = engine.check(org="acme", agent="agent-1", tool="delete_record")
+    assert not refused.allowed and refused.blocked_by.tool == "delete_record"
+    assert engine.check(org="acme", agent="agent-1", tool="web_search").allowed
+    assert engine.check(org="acme", agent="agent-1", model="other", tokens=5000).allowed
+    assert not engine.check(org="acme", agent="agent-1", model="gpt-4o", tokens=101).allowed
+    assert [l.metric for l in engine.check(org="acme", agent="agent-1", tool="web_search").limits] == []
+
+
+def test_shadow_limits_never_block_but_report(engine, install):
+    install(agent=[lim("requests", 1, "1m", shadow=True), lim("requests", 5, "1h")])
+    first = engine.check(org="acme", agent="agent-1")
+    second = engine.check(org="acme", agent="agent-1")
+    assert first.allowed and first.would_block == []
+    assert second.allowed and [(l.metric, l.window, l.shadow) for l in second.would_block] == [("requests", "1m", True)]
+
+
+def test_retry_after_is_the_earliest_time_the_same_request_passes(engine, install, clock):
+    install(agent=[lim("requests", 3, "10s")])
+    for _ in range(3):
+        assert engine.check(org="acme", agent="agent-1").allowed
+        clock.advance(1500)
+    refused = engine.check(org="acme", agent="agent-1")
+    assert not refused.allowed and refused.retry_after_ms > 0
+    clock.advance(refused.retry_after_ms - 1)
+    assert not engine.check(org="acme", agent="agent-1").allowed
+    clock.advance(1)
+    assert engine.check(org="acme", agent="agent-1").allowed
+
+
+def test_a_request_larger_than_the_limit_can_never_pass(engine, install):
+    install(agent=[lim("tokens", 100, "1h")])
+    refused = engine.check(org="acme", agent="agent-1", tokens=101)
+    assert not refused.allowed and refused.retry_after_ms is None
+
+
+def test_the_latest_blocking_limit_is_named(engine, install, clock):
+    install(org=[lim("requests", 1, "1h")], agent=[lim("requests", 1, "1m")])
+    engine.check(org="acme", agent="agent-1")
+    refused = engine.check(org="acme", agent="agent-1")
+    assert (refused.blocked_by.level, refused.blocked_by.window) == ("org", "1h")
+    assert refused.retry_after_ms > 60_000
+
+
+def test_unknown_agent_and_org_are_named(engine, install):
+    install(agent=[lim("requests", 1, "1m")])
+    with pytest.raises(UnknownAgent, match="unknown agent 'agent-9' in org 'acme'"):
+        engine.check(org="acme", agent="agent-9")
+    with pytest.raises(PolicyNotLoaded, match="policy of org 'globex' is not in Redis"):
+        engine.check(org="globex", agent="agent-1")
+
+
+def test_a_moved_agent_is_followed(engine, install):
+    install(user=[lim("requests", 1, "1h")], agent=[lim("requests", 5, "1h")])
+    assert engine.check(org="acme", agent="agent-1").allowed
+    # the agent moves to bob: its next check is counted on bob, not alice (the engine learns the new path)
+    install(user=[lim("requests", 1, "1h")], agent=[lim("requests", 5, "1h")], path=("acme", "eng", "bob", "agent-1"),
+            forget_paths=False)
+    decision = engine.check(org="acme", agent="agent-1")
+    assert decision.allowed and decision.limits[0].node == "bob"
+
+
+def test_counters_get_a_ttl_so_idle_agents_cost_nothing(engine, install, redis_client):
+    install(org=[lim("cost", 5, period="day")], agent=[lim("requests", 5, "1m"), lim("tokens", 10, "1h", burst=20)])
+    engine.check(org="acme", agent="agent-1", model="gpt-4o", tokens=5)
+    counters = [engine.keys.counters("acme", level, node) for level, node in zip(("org", "agent"), ("acme", "agent-1"))]
+    ttls = [redis_client.pttl(key) for key in counters]
+    assert all(ttl > 0 for ttl in ttls)
+    assert ttls[1] <= 3600_000 + 1000  # the longest of the agent's windows, plus a second
+
+
+def test_script_cache_flush_is_survived(engine, install, redis_client):
+    install(agent=[lim("requests", 2, "1m")])
+    assert engine.check(org="acme", agent="agent-1").allowed
+    redis_client.script_flush()  # as after a restart: EVALSHA answers NOSCRIPT
+    assert engine.check(org="acme", agent="agent-1").allowed
+    assert not engine.check(org="acme", agent="agent-1").allowed
+
+
+def test_every_admitted_check_appends_a_usage_event(engine, install, redis_client, clock):
+    install(agent=[lim("requests", 1, "1m")])
+    decision = engine.check(org="acme", agent="agent-1", tool="llm_call", model="gpt-4o", tokens=1000)
+    engine.check(org="acme", agent="agent-1", tool="llm_call")
+    events = [fields for _, fields in redis_client.xrange(engine.keys.usage_stream("acme"))]
+    assert events[0] == {
+        "kind": "check", "org": "acme", "team": "eng", "user": "alice", "agent": "agent-1", "tool": "llm_call",
+        "model": "gpt-4o", "requests": "1", "credits": "3", "tokens": "1000", "cost_nanos": "10000000",
+        "ts_ms": str(clock.ms), "reservation": decision.reservation, "unsettled": "0",
+    }
+    assert events[1]["kind"] == "deny"
+
+
+def test_limit_ids_survive_an_amount_edit_but_not_a_change_of_what_is_counted():
+    assert limit_id(lim("tokens", 100, "1h")) == limit_id(lim("tokens", 999, "1h"))
+    assert limit_id(lim("tokens", 100, "1h")) != limit_id(lim("tokens", 100, "1h", burst=10))
+    assert limit_id(lim("tokens", 100, "1h")) != limit_id(lim("tokens", 100, "1h", tool="x"))
+
+
+def test_tokens_are_validated(engine, install):
+    install(agent=[lim("requests", 2, "1m")])
+    for bad in (-1, 10**9 + 1, 1.5, "5", True):
+        with pytest.raises(ValueError, match="tokens must be a whole number from 0 to 1000000000"):
+            engine.check(org="acme", agent="agent-1", tokens=bad)
+    assert engine.check(org="acme", agent="agent-1", tokens=10**9).allowed
