@@ -34,18 +34,47 @@ class LimitState:
         }
 
 
-@dataclass(frozen=True)
 class Decision:
-    allowed: bool
-    limits: list[LimitState] = field(default_factory=list)
-    blocked_by: LimitState | None = None
-    retry_after_ms: int | None = None  # None when allowed, or when the request can never pass
-    reservation: str | None = None
-    would_block: list[LimitState] = field(default_factory=list)  # shadow limits that would have blocked
-    degraded: bool = False  # admitted without Redis (fail-open)
+    """The answer to a check (or a lease): allowed or not, which limit blocked, when it would pass.
+
+    ``limits`` (every limit that applied, with what remains) is built on first use: a caller that
+    only needs ``allowed`` does not pay for it.
+    """
+
+    __slots__ = ("allowed", "retry_after_ms", "reservation", "degraded", "_blocked", "_rows", "_describe", "_limits")
+
+    def __init__(self, allowed: bool, *, retry_after_ms: int | None = None, reservation: str | None = None,
+                 degraded: bool = False, blocked: int = 0, rows=(), describe=None, limits=None):
+        self.allowed = allowed
+        self.retry_after_ms = retry_after_ms  # None when allowed, or when the request can never pass
+        self.reservation = reservation
+        self.degraded = degraded  # admitted without Redis (fail-open)
+        self._blocked = blocked  # 1-based position in limits, 0 for none
+        self._rows = rows
+        self._describe = describe
+        self._limits = limits
+
+    @property
+    def limits(self) -> list[LimitState]:
+        if self._limits is None:
+            self._limits = self._describe(self._rows) if self._describe else []
+        return self._limits
+
+    @property
+    def blocked_by(self) -> LimitState | None:
+        return self.limits[self._blocked - 1] if self._blocked else None
+
+    @property
+    def would_block(self) -> list[LimitState]:
+        """Shadow limits that would have blocked."""
+        return [limit for limit in self.limits if limit.shadow and not limit.passed]
 
     def __bool__(self) -> bool:
         return self.allowed
+
+    def __repr__(self) -> str:
+        return (f"Decision(allowed={self.allowed}, retry_after_ms={self.retry_after_ms}, "
+                f"blocked_by={self.blocked_by!r}, reservation={self.reservation!r})")
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@
         engine.settle(org="acme-corp", reservation=d.reservation, input_tokens=1200, output_tokens=640)
 
 A check is one EVALSHA. The script's keys follow from the agent's path (org,
-team, user, agent), which the engine learns from the first answer and keeps;
-a script that finds the path changed answers "stale" with the new one and the
-engine asks again (after a policy edit that moved the agent, once).
+team, user, agent), which the engine learns from the first answer and keeps,
+with the agent's policy (to describe the limits the script reports by index).
+A script that finds the path changed answers "stale" with the new policy and
+the engine asks again: after a policy edit that moved the agent, once.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import random
 import secrets
 import time
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Callable
 
@@ -39,7 +41,7 @@ from .decision import (
     UnknownReservation,
 )
 from .keys import Keys
-from .scripts import register_scripts
+from .scripts import Scripts
 
 log = logging.getLogger("quotas.engine")
 
@@ -60,6 +62,37 @@ def _check_count(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOKENS:
         raise ValueError(f"{name} must be a whole number from 0 to {MAX_TOKENS}, not {value!r}")
     return value
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass
+class _Known:
+    """What the engine has learnt of one agent: its path, its policy version, its limits, its keys."""
+
+    path: Path
+    version: str
+    limits: list[tuple]  # per policy entry: the static fields of a LimitState
+    check_keys: list[bytes]
+    lease_keys: list[bytes]
+
+    def describe(self, rows) -> list[LimitState]:
+        """LimitStates from a script's [index, remaining, reset_ms, passed]* rows."""
+        states = []
+        for i in range(0, len(rows), 4):
+            level, node, metric, limit, window, tool, model, shadow, burst, lid = self.limits[int(rows[i]) - 1]
+            remaining = int(rows[i + 1])
+            if metric == "cost":
+                remaining = max(nanos_to_usd(remaining), Decimal(0))
+            elif remaining < 0:
+                remaining = 0
+            states.append(LimitState(
+                level=level, node=node, metric=metric, limit=limit, remaining=remaining, window=window, tool=tool,
+                model=model, reset_ms=int(rows[i + 2]), shadow=shadow, burst=burst, id=lid, passed=rows[i + 3] == 1,
+            ))
+        return states
 
 
 class QuotaEngine:
@@ -93,9 +126,9 @@ class QuotaEngine:
         self.sleep = sleep
         self.sweep_per_check = sweep_per_check
         self.fail_open_admits = 0
-        self._scripts = register_scripts(client)
-        self._paths: dict[tuple[str, str], Path] = {}
-        self._path_cache_size = path_cache_size
+        self._scripts = Scripts(client)
+        self._known: dict[tuple[str, str], _Known] = {}
+        self._cache_size = path_cache_size
 
     @classmethod
     def from_url(cls, url: str, *, connect_timeout_ms: int = 200, read_timeout_ms: int = 500, **options) -> QuotaEngine:
@@ -127,7 +160,7 @@ class QuotaEngine:
             self.keys.reservations(org), self.keys.reservation_deadlines(org), self.keys.usage_stream(org),
         ]
         args = [self._now(), reservation, input_tokens, output_tokens, self.reservation_ttl_ms, org]
-        result = self._call("settle", keys, args)
+        result = json.loads(self._scripts.run("settle", keys, args))
         status = result["s"]
         if status == "unknown":
             raise UnknownReservation(reservation)
@@ -170,15 +203,18 @@ class QuotaEngine:
             raise ValueError("ttl_s must be greater than 0")
         deadline = time.monotonic() + timeout
         while True:
-            result, path, args = self._with_path("lease", org, agent, lambda path: (
-                self._lease_keys(org, path),
-                ["acquire", self._now(), " ".join(path), self._new_id(path), ttl_ms],
-            ))
-            limits = self._limit_states(result.get("lim", []), path)
-            if result["s"] == "ok":
-                return Lease(self, org, args[3], int(result["exp"]), limits)
-            decision = Decision(allowed=False, limits=limits, blocked_by=limits[result["b"] - 1],
-                                retry_after_ms=int(result["ra"]))
+            lease_id = None
+
+            def args(known: _Known) -> list:
+                nonlocal lease_id
+                lease_id = self._new_id(known.path)
+                return ["acquire", self._now(), " ".join(known.path), lease_id, ttl_ms, known.version]
+
+            reply, known = self._run("lease", org, agent, args)
+            if reply[0] == "ok":
+                return Lease(self, org, lease_id, int(reply[5]), known.describe(reply[6:]))
+            decision = Decision(False, retry_after_ms=int(reply[3]), blocked=int(reply[4]), rows=reply[6:],
+                                describe=known.describe)
             wait = decision.retry_after_ms / 1000 * random.uniform(1.0, 1.1)
             if time.monotonic() + wait > deadline:
                 raise QuotaExceeded(decision)
@@ -187,65 +223,65 @@ class QuotaEngine:
     def lease_renew(self, *, org: str, lease: str, ttl_s: float = 300) -> int:
         """Extend a held lease to ``ttl_s`` from now; returns its new expiry (ms). UnknownLease if it lapsed."""
         path = self._path_of_id(org, lease, UnknownLease)
-        result = self._call("lease", self._lease_keys(org, path),
-                            ["renew", self._now(), " ".join(path), lease, int(ttl_s * 1000)])
-        if result["s"] != "ok":
+        reply = self._scripts.run("lease", self._lease_keys(org, path),
+                                  ["renew", self._now(), " ".join(path), lease, int(ttl_s * 1000), ""])
+        if _text(reply[0]) != "ok":
             raise UnknownLease(lease)
-        return int(result["exp"])
+        return int(reply[1])
 
     def lease_release(self, *, org: str, lease: str) -> bool:
         """Free the lease's slots; False if it was not held (already released or expired)."""
         path = self._path_of_id(org, lease, UnknownLease)
-        result = self._call("lease", self._lease_keys(org, path), ["release", self._now(), " ".join(path), lease, 0])
-        return result["s"] == "ok"
+        reply = self._scripts.run("lease", self._lease_keys(org, path), ["release", self._now(), " ".join(path), lease, 0, ""])
+        return _text(reply[0]) == "ok"
 
     def sweep(self, *, org: str, batch: int = 500) -> int:
         """Expire reservations whose settlement is overdue (they count at their estimate)."""
         keys = [self.keys.reservations(org), self.keys.reservation_deadlines(org), self.keys.usage_stream(org)]
-        return int(self._call("sweep", keys, [self._now(), org, batch, self.reservation_ttl_ms], decode=False))
+        return int(self._scripts.run("sweep", keys, [self._now(), org, batch, self.reservation_ttl_ms]))
 
     def forget_paths(self) -> None:
-        """Drop the learnt agent paths (they are also corrected by the scripts as needed)."""
-        self._paths.clear()
+        """Drop what was learnt of agents (the scripts also correct it as needed)."""
+        self._known.clear()
 
     # -- internals ----------------------------------------------------------------
 
     def _evaluate(self, mode: str, org: str, agent: str, tool: str | None, model: str | None, tokens: int) -> Decision:
+        sweep = self.sweep_per_check if mode == "check" else 0
+
+        def args(known: _Known) -> list:
+            return [mode, self._now(), " ".join(known.path), tool or "", model or "", tokens,
+                    self._new_id(known.path), self.reservation_ttl_ms, sweep, known.version]
+
         try:
-            result, path, _ = self._with_path("check", org, agent, lambda path: (
-                self._check_keys(org, path),
-                [mode, self._now(), " ".join(path), tool or "", model or "", tokens, self._new_id(path),
-                 self.reservation_ttl_ms, self.sweep_per_check if mode == "check" else 0],
-            ))
+            reply, known = self._run("check", org, agent, args)
         except QuotaBackendUnavailable:
             if self.fail_mode == "closed":
                 raise
             self.fail_open_admits += 1
             log.warning("Redis unreachable: admitting %s/%s %s without a check (fail-open)", org, agent, tool or "")
-            return Decision(allowed=True, degraded=True)
-        limits = self._limit_states(result["lim"], path)
-        would_block = [limit for limit in limits if limit.shadow and not limit.passed]
-        if result["s"] == "ok":
-            return Decision(allowed=True, limits=limits, reservation=result.get("res"), would_block=would_block)
-        retry = int(result["ra"])
+            return Decision(True, degraded=True)
+        retry = int(reply[3])
+        allowed = reply[0] == "ok"
         return Decision(
-            allowed=False,
-            limits=limits,
-            blocked_by=limits[result["b"] - 1],
-            retry_after_ms=None if retry < 0 else retry,
-            would_block=would_block,
+            allowed,
+            retry_after_ms=None if allowed or retry < 0 else retry,
+            reservation=(_text(reply[5]) or None) if mode == "check" else None,
+            blocked=int(reply[4]),
+            rows=reply[6:],
+            describe=known.describe,
         )
 
-    def _with_path(self, script: str, org: str, agent: str, build) -> tuple[dict, Path, list]:
-        """Run a script that needs the agent's path; learn or correct the path as the script says."""
+    def _run(self, script: str, org: str, agent: str, args: Callable[[_Known], list]) -> tuple[list, _Known]:
+        """Run a script that needs the agent's path; learn or correct the path and policy as the script says."""
         resynced = False
         for _ in range(4):
-            path = self._paths.get((org, agent)) or (org, UNKNOWN, UNKNOWN, agent)
-            keys, args = build(path)
-            result = self._call(script, keys, args)
-            status = result["s"]
+            known = self._known.get((org, agent)) or self._placeholder(org, agent)
+            keys = known.check_keys if script == "check" else known.lease_keys
+            reply = self._scripts.run(script, keys, args(known))
+            status = reply[0] = _text(reply[0])
             if status == "stale":
-                self._remember(org, agent, tuple(result["p"]))
+                self._learn(org, agent, reply[1], reply[2])
                 continue
             if status == "missing":
                 if not resynced and self.on_policy_missing is not None:
@@ -255,22 +291,44 @@ class QuotaEngine:
                     raise UnknownOrg(org)
                 raise PolicyNotLoaded(org)
             if status == "unknown":
-                self._paths.pop((org, agent), None)
+                self._known.pop((org, agent), None)
                 raise UnknownAgent(org, agent)
-            return result, path, args
+            if reply[2]:  # the policy changed since we learnt it
+                known = self._learn(org, agent, reply[1], reply[2])
+            return reply, known
         raise RuntimeError(f"the policy of {org}/{agent} kept changing under the check")  # pragma: no cover
 
-    def _remember(self, org: str, agent: str, path: Path) -> None:
-        if len(self._paths) >= self._path_cache_size:
-            self._paths.clear()  # simple and thread-safe; paths are relearnt at one extra round trip each
-        self._paths[(org, agent)] = path
+    def _placeholder(self, org: str, agent: str) -> _Known:
+        # The script answers "stale" (with the real path) before touching a key built from "?".
+        return self._known_for((org, UNKNOWN, UNKNOWN, agent), "", [])
 
-    def _call(self, script: str, keys: list[str], args: list, *, decode: bool = True):
-        try:
-            raw = self._scripts[script](keys=keys, args=args)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc
-        return json.loads(raw) if decode else raw
+    def _known_for(self, path: Path, version: str, limits: list[tuple]) -> _Known:
+        org = path[0]
+        check_keys = [
+            self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_counters(org, path),
+            *self.keys.path_leases(org, path), self.keys.reservations(org), self.keys.reservation_deadlines(org),
+            self.keys.usage_stream(org),
+        ]
+        return _Known(path, version, limits, [key.encode() for key in check_keys],
+                      [key.encode() for key in self._lease_keys(org, path)])
+
+    def _learn(self, org: str, agent: str, version, blob) -> _Known:
+        policy = json.loads(blob)
+        path = tuple(policy["p"])
+        limits = []
+        for entry in policy["l"]:
+            money = entry["m"] == "cost"
+            convert = nanos_to_usd if money else int
+            limits.append((
+                LEVELS[entry["lv"] - 1], path[entry["lv"] - 1], entry["m"], convert(entry["a"]),
+                _format_window(entry["w"]) if "w" in entry else (entry.get("p") or None),
+                entry.get("t"), entry.get("md"), bool(entry.get("sh")),
+                convert(entry["b"]) if "b" in entry else None, entry["id"],
+            ))
+        if len(self._known) >= self._cache_size:
+            self._known.clear()  # simple and thread-safe; agents are relearnt at one extra round trip each
+        known = self._known[(org, agent)] = self._known_for(path, str(int(version)), limits)
+        return known
 
     def _now(self) -> str:
         return "" if self.clock is None else str(int(self.clock()))
@@ -285,38 +343,8 @@ class QuotaEngine:
             raise error(ident)
         return (org, parts[1], parts[2], parts[3])
 
-    def _check_keys(self, org: str, path: Path) -> list[str]:
-        return [
-            self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_counters(org, path),
-            *self.keys.path_leases(org, path), self.keys.reservations(org), self.keys.reservation_deadlines(org),
-            self.keys.usage_stream(org),
-        ]
-
     def _lease_keys(self, org: str, path: Path) -> list[str]:
         return [self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_leases(org, path)]
-
-    @staticmethod
-    def _limit_states(rows: list, path: Path) -> list[LimitState]:
-        states = []
-        for lid, level, metric, amount, window_ms, period, tool, model, burst, shadow, remaining, reset_ms, passed in rows:
-            money = metric == "cost"
-            convert = nanos_to_usd if money else int
-            states.append(LimitState(
-                level=LEVELS[level - 1],
-                node=path[level - 1],
-                metric=metric,
-                limit=convert(amount),
-                remaining=max(convert(remaining), Decimal(0) if money else 0),
-                window=_format_window(window_ms) if window_ms else (period or None),
-                tool=tool or None,
-                model=model or None,
-                reset_ms=int(reset_ms),
-                shadow=bool(shadow),
-                burst=convert(burst) if burst != "" else None,
-                id=lid,
-                passed=bool(passed),
-            ))
-        return states
 
 
 class Admitted:

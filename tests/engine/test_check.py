@@ -160,3 +160,16 @@ def test_tokens_are_validated(engine, install):
         with pytest.raises(ValueError, match="tokens must be a whole number from 0 to 1000000000"):
             engine.check(org="acme", agent="agent-1", tokens=bad)
     assert engine.check(org="acme", agent="agent-1", tokens=10**9).allowed
+
+
+def test_a_narrow_call_never_cuts_the_memory_of_a_longer_limit_short(engine, install, redis_client, clock):
+    """The counter hash lives as long as the longest limit of its level, whatever the call's tool."""
+    install(agent=[lim("requests", 2, "1h", tool="delete_record"), lim("requests", 100, "5m")])
+    engine.check(org="acme", agent="agent-1", tool="delete_record")
+    engine.check(org="acme", agent="agent-1", tool="delete_record")
+    for _ in range(3):  # general calls in later buckets of the 5-minute window
+        clock.advance(40_000)
+        engine.check(org="acme", agent="agent-1", tool="web_search")
+    assert redis_client.pttl(engine.keys.counters("acme", "agent", "agent-1")) > 3_500_000
+    clock.advance(30 * 60_000)
+    assert not engine.check(org="acme", agent="agent-1", tool="delete_record").allowed

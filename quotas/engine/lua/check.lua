@@ -5,7 +5,7 @@
 --   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py)
 --   3..6  aq:{org}:c:LEVEL:NODE  counter hashes of org, team, user, agent
 --   7..10 aq:{org}:l:LEVEL:NODE  lease zsets of org, team, user, agent (read in peek mode)
---   11 aq:{org}:r                open reservations: id -> record
+--   11 aq:{org}:r                reservations: id -> record
 --   12 aq:{org}:rp               reservation deadlines: id -> ms
 --   13 aq:{org}:usage            usage stream
 -- ARGV:
@@ -17,12 +17,17 @@
 --   6 tokens       estimated tokens, 0..10^9
 --   7 reservation  id for this check's reservation (check mode)
 --   8 ttl_ms       how long the reservation waits for its settlement
---   9 sweep        how many expired reservations to expire on the way (0 for none)
+--   9 sweep        how many overdue reservations to expire on the way (0 for none)
+--   10 known       the policy version the caller has cached ("" for none)
 -- Example:
 --   EVALSHA sha 13 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:c:org:acme ... aq:{acme}:usage
---           check "" "acme eng alice agent-1" llm_call gpt-4o 2000 r1.eng.alice.agent-1 600000 2
--- Returns JSON: {"s": "ok"|"deny"|"missing"|"unknown"|"stale", "now", "lim": [...], "b" (blocked index),
---   "ra" (retry ms, -1 never), "res", "p" (the policy's path, when stale)}
+--           check "" "acme eng alice agent-1" llm_call gpt-4o 2000 5f0c.eng.alice.agent-1 600000 2 1795290000000
+-- Returns a flat array:
+--   {status, version, policy, retry_ms, blocked, reservation, [index, remaining, reset_ms, passed] per limit}
+--   status: "ok" | "deny" | "missing" (no org policy) | "unknown" (no such agent) | "stale" (path moved);
+--   policy: the policy JSON when `known` is not its version ("" otherwise); retry_ms -1 = never;
+--   blocked: 1-based position of the blocking limit among those returned (0 = none);
+--   index: the limit's 1-based position in the policy's "l" list.
 
 local mode, path_arg, tool, model = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
 local tokens = tonumber(ARGV[6])
@@ -31,12 +36,13 @@ assert(mode == 'check' or mode == 'peek', 'mode must be check or peek')
 assert(tokens and tokens >= 0, 'tokens must be a number >= 0')
 
 local org_policy = redis.call('HMGET', KEYS[1], 'v', 't:' .. tool, 'm:' .. model)
-if not org_policy[1] then return cjson.encode({s = 'missing', now = now}) end
+if not org_policy[1] then return {'missing'} end
 local blob = redis.call('GET', KEYS[2])
-if not blob then return cjson.encode({s = 'unknown', now = now}) end
+if not blob then return {'unknown'} end
 local policy = cjson.decode(blob)
-local path = table.concat(policy.p, ' ')
-if path ~= path_arg then return cjson.encode({s = 'stale', p = policy.p, now = now}) end
+local p = policy.p
+local fresh = tostring(policy.v) == ARGV[10] and '' or blob
+if p[1] .. ' ' .. p[2] .. ' ' .. p[3] .. ' ' .. p[4] ~= path_arg then return {'stale', policy.v, blob} end
 
 local weight = tonumber(org_policy[2]) or 1
 local cost = 0
@@ -46,101 +52,92 @@ if org_policy[3] then
 end
 local amounts = {requests = 1, credits = weight, tokens = tokens, cost = cost}
 
--- The limits that apply to this call, grouped by level so each counter hash is read once.
-local applies, by_level = {}, {{}, {}, {}, {}}
-for _, lim in ipairs(policy.l) do
+-- The limits that apply to this call, and their state, read with one HMGET per level.
+local applies, index, fields = {}, {}, {{}, {}, {}, {}}
+for i, lim in ipairs(policy.l) do
   if active(lim, now) and (lim.t == nil or lim.t == tool) and (lim.md == nil or lim.md == model)
       and (lim.m ~= 'concurrency' or mode == 'peek') then
     applies[#applies + 1] = lim
-    local group = by_level[lim.lv]
-    group[#group + 1] = lim
+    index[#applies] = i
+    if lim.m ~= 'concurrency' then
+      local level = fields[lim.lv]
+      lim.offset = #level
+      for _, f in ipairs(state_fields(lim, now)) do level[#level + 1] = f end
+    end
   end
 end
-
-local states = {}
+local values = {}
 for level = 1, 4 do
-  local group = by_level[level]
-  if #group > 0 then
-    local fields = {}
-    for i, lim in ipairs(group) do fields[i] = lim.id end
-    local values = redis.call('HMGET', KEYS[2 + level], unpack(fields))
-    for i, lim in ipairs(group) do states[lim] = values[i] end
-  end
+  if #fields[level] > 0 then values[level] = redis.call('HMGET', KEYS[2 + level], unpack(fields[level])) end
 end
 
-local results, blocked, retry = {}, nil, 0
+local results, blocked, retry = {}, 0, 0
 for i, lim in ipairs(applies) do
   local r
   if lim.m == 'concurrency' then
     local held = redis.call('ZCOUNT', KEYS[6 + lim.lv], '(' .. now, '+inf')
-    r = {used = held, remaining = lim.a - held, ok = held + 1 <= lim.a, retry = 0, reset = 0}
+    r = {remaining = lim.a - held, ok = held + 1 <= lim.a, retry = 0, reset = 0}
   else
-    r = evaluate(lim, states[lim], amounts[lim.m], now)
+    local all = values[lim.lv]
+    r = evaluate(KEYS[2 + lim.lv], lim, {all[lim.offset + 1], all[lim.offset + 2], all[lim.offset + 3]}, amounts[lim.m], now)
   end
   results[i] = r
-  if not r.ok and not lim.sh and lim.m ~= 'concurrency' then  -- leases gate runs, not calls
+  if not r.ok and not lim.sh and lim.m ~= 'concurrency' then   -- leases gate runs, not calls
     -- the request passes once every blocking limit does: the latest of their retry times
-    if blocked == nil or r.retry == NEVER or (retry ~= NEVER and r.retry > retry) then
+    if blocked == 0 or r.retry == NEVER or (retry ~= NEVER and r.retry > retry) then
       blocked, retry = i, r.retry
     end
   end
 end
 
-local function report(charged)
-  local out = {}
-  for i, lim in ipairs(applies) do
-    local r = results[i]
+local function reply(status, charged, reservation)
+  local out = {status, policy.v, fresh, retry, blocked, reservation or ''}
+  for i, r in ipairs(results) do
     local remaining = r.remaining
     if charged then remaining = remaining - r.x end
-    -- id, level, metric, amount, window ms, period, tool, model, burst, shadow, remaining, reset ms, passed
-    out[i] = {lim.id, lim.lv, lim.m, int(lim.a), lim.w or 0, lim.p or '', lim.t or '', lim.md or '',
-              lim.b and int(lim.b) or '', lim.sh and 1 or 0, int(remaining), r.reset, r.ok and 1 or 0}
+    local n = #out
+    out[n + 1] = index[i]; out[n + 2] = remaining; out[n + 3] = r.reset; out[n + 4] = r.ok and 1 or 0
   end
   return out
 end
 
-local p = policy.p
-if mode == 'peek' then
-  return cjson.encode({s = blocked and 'deny' or 'ok', now = now, lim = report(false), b = blocked, ra = retry})
-end
+if mode == 'peek' then return reply(blocked > 0 and 'deny' or 'ok', false) end
 
-local swept = 0
 local sweep_n = tonumber(ARGV[9]) or 0
-if sweep_n > 0 then swept = sweep(KEYS[11], KEYS[12], KEYS[13], p[1], now, sweep_n, tonumber(ARGV[8])) end
+if sweep_n > 0 then sweep(KEYS[11], KEYS[12], KEYS[13], p[1], now, sweep_n, tonumber(ARGV[8])) end
 
-if blocked then
+if blocked > 0 then
   redis.call('XADD', KEYS[13], '*', 'kind', 'deny', 'org', p[1], 'team', p[2], 'user', p[3], 'agent', p[4],
-    'tool', tool, 'model', model, 'ts_ms', int(now))
-  return cjson.encode({s = 'deny', now = now, lim = report(false), b = blocked, ra = retry})
+    'tool', tool, 'model', model, 'ts_ms', now)
+  return reply('deny', false)
 end
 
--- Every limit passed: charge them all (shadow ones too, so they can report what they would block).
-local writes, ttl = {{}, {}, {}, {}}, {0, 0, 0, 0}
-local charges = {}
+-- Every limit passed: charge them all (shadow ones too, so they can report what they would block),
+-- one HSET per level; renew a level's TTL when one of its limits moved to a new bucket or period.
+local writes, renew, charges = {{}, {}, {}, {}}, {false, false, false, false}, {}
 for i, lim in ipairs(applies) do
-  local r = results[i]
   local level = lim.lv
-  local w = writes[level]
-  w[#w + 1] = lim.id
-  w[#w + 1] = charged_state(lim, r, now)
-  ttl[level] = math.max(ttl[level], horizon_ms(lim, now))
-  if (lim.m == 'tokens' or lim.m == 'cost') and r.x > 0 then
-    local where = lim.b and 0 or (lim.w and r.slot or r.start)
-    charges[#charges + 1] = table.concat({lim.id, level, lim.m, int(where), int(r.x)}, ',')
+  local x = results[i].x
+  local where, advanced = charge(KEYS[2 + level], lim, results[i], now, writes[level])
+  renew[level] = renew[level] or advanced
+  if (lim.m == 'tokens' or lim.m == 'cost') and x > 0 then
+    charges[#charges + 1] = lim.id .. ',' .. level .. ',' .. lim.m .. ',' .. int(where) .. ',' .. int(x)
   end
 end
+local ttl = nil
 for level = 1, 4 do
-  if #writes[level] > 0 then
-    redis.call('HSET', KEYS[2 + level], unpack(writes[level]))
-    redis.call('PEXPIRE', KEYS[2 + level], ttl[level] + 1000)
+  if #writes[level] > 0 then redis.call('HSET', KEYS[2 + level], unpack(writes[level])) end
+  if renew[level] then
+    ttl = ttl or level_ttls(policy.l, now)
+    redis.call('PEXPIRE', KEYS[2 + level], ttl[level])
   end
 end
 
-local id, res_ttl = ARGV[7], tonumber(ARGV[8])
-redis.call('HSET', KEYS[11], id, table.concat({'o', p[2], p[3], p[4], tool, model, int(tokens), int(cost), int(now),
-  table.concat(charges, ';')}, '|'))
-redis.call('ZADD', KEYS[12], now + res_ttl, id)
+local id = ARGV[7]
+redis.call('HSET', KEYS[11], id, 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
+  .. int(tokens) .. '|' .. int(cost) .. '|' .. int(now) .. '|' .. table.concat(charges, ';'))
+redis.call('ZADD', KEYS[12], now + tonumber(ARGV[8]), id)
 redis.call('XADD', KEYS[13], '*', 'kind', 'check', 'org', p[1], 'team', p[2], 'user', p[3], 'agent', p[4],
-  'tool', tool, 'model', model, 'requests', '1', 'credits', int(weight), 'tokens', int(tokens),
-  'cost_nanos', int(cost), 'ts_ms', int(now), 'reservation', id, 'unsettled', '0')
-return cjson.encode({s = 'ok', now = now, lim = report(true), res = id, swept = swept})
+  'tool', tool, 'model', model, 'requests', 1, 'credits', weight, 'tokens', tokens, 'cost_nanos', cost,
+  'ts_ms', now, 'reservation', id, 'unsettled', 0)
+return reply('ok', true, id)

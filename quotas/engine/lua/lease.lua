@@ -11,10 +11,12 @@
 --   3 path      "org team user agent" the caller built KEYS from
 --   4 lease     the lease's id
 --   5 ttl_ms    lifetime from now (acquire, renew)
+--   6 known     the policy version the caller has cached (acquire; "" for none)
 -- Example:
 --   EVALSHA sha 6 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:l:org:acme ... acquire "" "acme eng alice agent-1" l1 300000
--- Returns JSON {"s": "ok"|"full"|"gone"|"missing"|"unknown"|"stale", "exp" (expiry ms), "b" (blocking limit),
---   "ra" (ms until a slot frees), "lim": [...]}
+-- Returns, for acquire, check.lua's flat array with the lease's expiry (ms) in the reservation's place:
+--   {"ok"|"full"|"missing"|"unknown"|"stale", version, policy, retry_ms, blocked, expiry, [index, remaining, 0, passed]...}
+-- and for renew / release: {"ok", expiry} or {"gone"}.
 
 local op, path_arg, lease = ARGV[1], ARGV[3], ARGV[4]
 local now = now_ms(ARGV[2])
@@ -24,7 +26,7 @@ assert(op == 'acquire' or op == 'renew' or op == 'release', 'op must be acquire,
 if op == 'release' then
   local removed = 0
   for i = 3, 6 do removed = removed + redis.call('ZREM', KEYS[i], lease) end
-  return cjson.encode({s = removed > 0 and 'ok' or 'gone'})
+  return {removed > 0 and 'ok' or 'gone'}
 end
 
 if op == 'renew' then
@@ -37,36 +39,43 @@ if op == 'renew' then
       held = held + 1
     end
   end
-  if held == 0 then return cjson.encode({s = 'gone'}) end
-  return cjson.encode({s = 'ok', exp = now + ttl})
+  if held == 0 then return {'gone'} end
+  return {'ok', now + ttl}
 end
 
-if not redis.call('HGET', KEYS[1], 'v') then return cjson.encode({s = 'missing'}) end
+if not redis.call('HGET', KEYS[1], 'v') then return {'missing'} end
 local blob = redis.call('GET', KEYS[2])
-if not blob then return cjson.encode({s = 'unknown'}) end
+if not blob then return {'unknown'} end
 local policy = cjson.decode(blob)
-if table.concat(policy.p, ' ') ~= path_arg then return cjson.encode({s = 'stale', p = policy.p}) end
+local p = policy.p
+if p[1] .. ' ' .. p[2] .. ' ' .. p[3] .. ' ' .. p[4] ~= path_arg then return {'stale', policy.v, blob} end
+local fresh = tostring(policy.v) == ARGV[6] and '' or blob
 
-local slots, lim_out, blocked, retry = {}, {}, nil, 0
-for _, lim in ipairs(policy.l) do
+local rows, slots, blocked, retry = {}, {}, 0, 0
+for i, lim in ipairs(policy.l) do
   if lim.m == 'concurrency' and active(lim, now) then
     local key = KEYS[2 + lim.lv]
     redis.call('ZREMRANGEBYSCORE', key, '-inf', now)   -- leases not renewed in time free their slot
     local held = redis.call('ZCARD', key)
     local ok = held + 1 <= lim.a
-    lim_out[#lim_out + 1] = {lim.id, lim.lv, lim.m, int(lim.a), 0, '', '', '', '', lim.sh and 1 or 0,
-      int(lim.a - held - (ok and 1 or 0)), 0, ok and 1 or 0}
+    local n = #rows
+    rows[n + 1] = i; rows[n + 2] = lim.a - held - (ok and 1 or 0); rows[n + 3] = 0; rows[n + 4] = ok and 1 or 0
     if ok or lim.sh then
       slots[key] = true
-    elseif blocked == nil then
+    elseif blocked == 0 then
       local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      blocked, retry = #lim_out, math.max(1, tonumber(first[2]) - now)
+      blocked, retry = #rows / 4, math.max(1, tonumber(first[2]) - now)
     end
   end
 end
-if blocked then return cjson.encode({s = 'full', b = blocked, ra = retry, lim = lim_out}) end
-for key in pairs(slots) do
-  redis.call('ZADD', key, now + ttl, lease)
-  redis.call('PEXPIRE', key, ttl + 1000)
+local status, expiry = 'full', ''
+if blocked == 0 then
+  for key in pairs(slots) do
+    redis.call('ZADD', key, now + ttl, lease)
+    redis.call('PEXPIRE', key, ttl + 1000)
+  end
+  status, expiry = 'ok', now + ttl
 end
-return cjson.encode({s = 'ok', exp = now + ttl, lim = lim_out})
+local out = {status, policy.v, fresh, retry, blocked, expiry}
+for _, value in ipairs(rows) do out[#out + 1] = value end
+return out

@@ -60,58 +60,98 @@ local function period_bounds(period, now)
   return days_from_civil(y, m, 1) * DAY_MS, days_from_civil(ny, nm, 1) * DAY_MS
 end
 
--- Counter state of one limit, kept as text in its node's hash (field = limit id).
---   rolling window: "bucket:count;bucket:count;..."  (bucket = floor(t / (window / BUCKETS)))
---   token bucket:   "tokens:last_ms"
---   calendar:       "period_start:count"
+-- Counter state of one limit: numeric fields in its node's hash, named after the limit id.
+--   rolling window: ID.L = newest bucket written, ID.T = sum of the ring, ID.0 .. ID.<BUCKETS> = ring of
+--                   bucket counts (bucket k = floor(t / (window / BUCKETS)) lives in slot k % (BUCKETS + 1))
+--   token bucket:   ID.k = tokens, ID.s = when last refilled (ms)
+--   calendar:       ID.P = period start (ms), ID.n = count
+-- A check reads two or three fields per limit (one HMGET per level) and writes each level with one
+-- HSET; a window limit reads more ring slots only when buckets have just left the window, or to
+-- compute retry_after on a refusal.
+local SLOTS = BUCKETS + 1
+
 local function bucket_ms(lim) return math.ceil(lim.w / BUCKETS) end
 
-local function read_window(state, lim, now)
-  -- buckets still counted at `now`: every bucket that may hold an event of (now - window, now]
-  local g = bucket_ms(lim)
-  local oldest = math.floor((now - lim.w) / g)
-  local buckets, used = {}, 0
-  if state then
-    for b, c in string.gmatch(state, '(%d+):(%d+)') do
-      b = tonumber(b); c = tonumber(c)
-      if b >= oldest and c > 0 then
-        buckets[#buckets + 1] = {b, c}
-        used = used + c
-      end
+local function slot_field(lim, b) return lim.id .. '.' .. (b % SLOTS) end
+
+-- The fields a check reads: for a window limit, newest bucket, total, and the slot of the bucket
+-- of `now` (so that adding to it needs no second read).
+local function state_fields(lim, now)
+  local id = lim.id
+  if lim.b then return {id .. '.k', id .. '.s'} end
+  if lim.w then return {id .. '.L', id .. '.T', slot_field(lim, math.floor(now / bucket_ms(lim)))} end
+  return {id .. '.P', id .. '.n'}
+end
+
+-- The values of the ring slots of buckets first..last (a table bucket -> count).
+local function read_slots(key, lim, first, last)
+  local counts = {}
+  if last < first then return counts end
+  local fields = {}
+  for b = first, last do fields[#fields + 1] = slot_field(lim, b) end
+  local values = redis.call('HMGET', key, unpack(fields))
+  for i, b in ipairs(fields) do counts[first + i - 1] = tonumber(values[i]) or 0 end
+  return counts
+end
+
+-- Window state at `now`: newest bucket, ring total, and what has left the window since it was written.
+-- Buckets oldest..newest are counted, where oldest is the bucket of (now - window): counting it whole
+-- is what makes "never more than the limit in any window-long interval" hold.
+local function window_state(key, lim, v, now)
+  local st = {g = bucket_ms(lim), newest = tonumber(v[1]), total = tonumber(v[2]) or 0, current = tonumber(v[3])}
+  st.oldest = math.floor((now - lim.w) / st.g)
+  st.now = now
+  st.used = 0
+  if st.newest then
+    local stored_from = st.newest - BUCKETS
+    if st.oldest > st.newest then
+      st.gone = true                                   -- the whole ring has left the window
+    else
+      st.left = read_slots(key, lim, stored_from, st.oldest - 1)
+      st.used = st.total
+      for _, c in pairs(st.left) do st.used = st.used - c end
     end
   end
-  table.sort(buckets, function(x, y) return x[1] < y[1] end)
-  return buckets, used
+  return st
 end
 
-local function write_window(buckets)
-  local parts = {}
-  for i, bc in ipairs(buckets) do parts[i] = int(bc[1]) .. ':' .. int(bc[2]) end
-  return table.concat(parts, ';')
-end
-
-local function add_to_bucket(buckets, b, x)
-  for _, bc in ipairs(buckets) do
-    if bc[1] == b then bc[2] = math.max(0, bc[2] + x); return end
+-- Add x to bucket b of a window limit, appending field/value pairs to `out` (advancing the ring
+-- and clearing the slots it reuses). Returns whether the ring advanced (the hash's TTL must follow).
+local function window_add(key, lim, st, b, x, out)
+  local id = lim.id
+  if st.newest and not st.gone and b <= st.newest then
+    if b < st.newest - BUCKETS then b = st.newest end  -- far behind (a clock step back): count it as newest
+    if b == math.floor(st.now / st.g) and st.current then
+      out[#out + 1] = slot_field(lim, b); out[#out + 1] = st.current + x
+      out[#out + 1] = id .. '.T'; out[#out + 1] = st.total + x
+    else                                               -- a slot we did not read: add in place
+      redis.call('HINCRBY', key, slot_field(lim, b), x)
+      redis.call('HINCRBY', key, id .. '.T', x)
+    end
+    return false
   end
-  if x > 0 then buckets[#buckets + 1] = {b, x} end
+  local first, total = b - BUCKETS, x
+  if st.newest and not st.gone and b - st.newest <= BUCKETS then
+    first, total = st.newest + 1, st.total + x
+    for k = first, b do total = total - (st.left[k - SLOTS] or 0) end  -- slot of k held bucket k - SLOTS
+  end
+  for k = first, b - 1 do out[#out + 1] = slot_field(lim, k); out[#out + 1] = 0 end
+  out[#out + 1] = slot_field(lim, b); out[#out + 1] = x
+  out[#out + 1] = id .. '.T'; out[#out + 1] = total
+  out[#out + 1] = id .. '.L'; out[#out + 1] = b
+  return true
 end
 
--- Evaluate one limit for an amount x at `now`.
--- Returns a table: used, remaining (before x), ok, retry (ms, NEVER, or 0), reset (ms), and
--- what charge() needs to write the new state.
-local function evaluate(lim, state, x, now)
+-- Evaluate one limit for an amount x at `now`; v are the values of state_fields(lim) in hash `key`.
+-- Returns: remaining (before x), ok, retry (ms, NEVER, or 0), reset (ms), plus what charge() needs.
+local function evaluate(key, lim, v, x, now)
   local r = {x = x}
   if lim.b then                                       -- token bucket: capacity b, refill a per w
     local rate = lim.a / lim.w
-    local tokens, last = lim.b, now
-    if state then
-      local t, l = string.match(state, '^([^:]+):(%d+)$')
-      if t then tokens, last = tonumber(t), tonumber(l) end
-    end
+    local tokens, last = tonumber(v[1]), tonumber(v[2])
+    if not tokens then tokens, last = lim.b, now end
     tokens = math.min(lim.b, tokens + math.max(0, now - last) * rate)
     r.tokens = tokens
-    r.used = lim.b - tokens
     r.remaining = math.floor(tokens)
     r.ok = x <= tokens
     if r.ok then r.retry = 0
@@ -120,36 +160,31 @@ local function evaluate(lim, state, x, now)
     local after = r.ok and tokens - x or tokens
     r.reset = math.ceil((lim.b - after) / rate)
   elseif lim.w then                                   -- rolling window, sub-window buckets
-    local buckets, used = read_window(state, lim, now)
-    local g = bucket_ms(lim)
-    r.buckets = buckets
-    r.slot = math.floor(now / g)
-    r.used = used
-    r.remaining = lim.a - used
-    r.ok = used + x <= lim.a
+    local st = window_state(key, lim, v, now)
+    r.st = st
+    r.remaining = lim.a - st.used
+    r.ok = st.used + x <= lim.a
     if r.ok then r.retry = 0
     elseif x > lim.a then r.retry = NEVER
     else
-      -- bucket k stops counting at (k + 1) * g + w; wait until enough of them have
-      local need, freed = used + x - lim.a, 0
+      -- bucket k stops counting at (k + 1) * g + w: wait until enough of them have
+      local first = math.max(st.oldest, st.newest - BUCKETS)
+      local counts = read_slots(key, lim, first, st.newest)
+      local need, freed = st.used + x - lim.a, 0
       r.retry = NEVER
-      for _, bc in ipairs(buckets) do
-        freed = freed + bc[2]
-        if freed >= need then r.retry = math.max(1, (bc[1] + 1) * g + lim.w - now); break end
+      for b = first, st.newest do
+        freed = freed + counts[b]
+        if freed >= need then r.retry = math.max(1, (b + 1) * st.g + lim.w - now); break end
       end
     end
-    local last = #buckets > 0 and buckets[#buckets][1] or nil
-    if r.ok and x > 0 then last = r.slot end
-    r.reset = last and math.max(0, (last + 1) * g + lim.w - now) or 0
+    local last = st.used > 0 and st.newest or nil
+    if r.ok and x > 0 then last = math.floor(now / st.g) end
+    r.reset = last and math.max(0, (last + 1) * st.g + lim.w - now) or 0
   else                                                -- calendar period
     local start, finish = period_bounds(lim.p, now)
     local used = 0
-    if state then
-      local s, c = string.match(state, '^(%d+):(%d+)$')
-      if s and tonumber(s) == start then used = tonumber(c) end
-    end
-    r.start = start
-    r.used = used
+    if tonumber(v[1]) == start then used = tonumber(v[2]) or 0 end
+    r.start, r.used = start, used
     r.remaining = lim.a - used
     r.ok = used + x <= lim.a
     if r.ok then r.retry = 0 elseif x > lim.a then r.retry = NEVER else r.retry = finish - now end
@@ -158,48 +193,65 @@ local function evaluate(lim, state, x, now)
   return r
 end
 
--- The new state after charging r.x (evaluate() must have run at the same `now`).
-local function charged_state(lim, r, now)
-  if lim.b then return string.format('%.17g', r.tokens - r.x) .. ':' .. int(now) end
-  if lim.w then
-    add_to_bucket(r.buckets, r.slot, r.x)
-    return write_window(r.buckets)
+-- Charge r.x (evaluate() ran at the same `now`), appending field/value pairs to `out`.
+-- Returns where the charge went, for a later settlement (the bucket, the period start, or 0 for a
+-- token bucket), and whether the hash's TTL must be renewed.
+local function charge(key, lim, r, now, out)
+  local id = lim.id
+  if lim.b then
+    out[#out + 1] = id .. '.k'; out[#out + 1] = r.tokens - r.x
+    out[#out + 1] = id .. '.s'; out[#out + 1] = now
+    return 0, true
   end
-  return int(r.start) .. ':' .. int(r.used + r.x)
+  if lim.w then
+    local b = math.floor(now / r.st.g)
+    return b, window_add(key, lim, r.st, b, r.x, out)
+  end
+  out[#out + 1] = id .. '.P'; out[#out + 1] = r.start
+  out[#out + 1] = id .. '.n'; out[#out + 1] = r.used + r.x
+  return r.start, r.used == 0
 end
 
--- How long a node's counter hash must live to remember this limit's state.
+-- How long a node's counter hash must live to remember this limit's state, from `now`.
 local function horizon_ms(lim, now)
   if lim.b then return lim.w end
-  if lim.w then return lim.w + bucket_ms(lim) end
+  if lim.w then return lim.w + 2 * bucket_ms(lim) end
   local _, finish = period_bounds(lim.p, now)
   return finish - now
 end
 
--- Apply a settlement delta (may be negative) to a limit's state, where the original
--- charge went: `where` is the bucket (rolling), the period start (calendar) or ignored (bucket).
-local function adjust_state(lim, state, where, delta, now)
+-- The TTL of each level's counter hash: the longest horizon of any limit of that level in the
+-- policy, whatever tool or model it is narrowed to, so no call cuts another limit's memory short.
+local function level_ttls(limits, now)
+  local ttl = {0, 0, 0, 0}
+  for _, lim in ipairs(limits) do
+    if lim.m ~= 'concurrency' then ttl[lim.lv] = math.max(ttl[lim.lv], horizon_ms(lim, now) + 1000) end
+  end
+  return ttl
+end
+
+-- Apply a settlement delta (may be negative) where the original charge went
+-- (`where`: bucket, period start, ignored for token buckets).
+local function adjust(key, lim, where, delta, now)
+  local id = lim.id
+  local v = redis.call('HMGET', key, unpack(state_fields(lim, now)))
+  local out = {}
   if lim.b then
-    local r = evaluate(lim, state, 0, now)
-    local tokens = math.min(lim.b, r.tokens - delta)    -- a refund refills, an extra charge goes into debt
-    return string.format('%.17g', tokens) .. ':' .. int(now)
+    local r = evaluate(key, lim, v, 0, now)              -- an extra charge goes into debt
+    out = {id .. '.k', math.min(lim.b, r.tokens - delta), id .. '.s', now}
+  elseif lim.w then
+    local st = window_state(key, lim, v, now)
+    if st.newest and not st.gone and where >= math.max(st.oldest, st.newest - BUCKETS) and where <= st.newest then
+      window_add(key, lim, st, where, delta, out)        -- still counted: correct that bucket
+    elseif delta > 0 then
+      window_add(key, lim, st, math.floor(now / st.g), delta, out)
+    end
+  else
+    local start = period_bounds(lim.p, now)
+    local used = tonumber(v[1]) == start and (tonumber(v[2]) or 0) or 0
+    if start == where or delta > 0 then out = {id .. '.P', start, id .. '.n', math.max(0, used + delta)} end
   end
-  if lim.w then
-    local buckets = read_window(state, lim, now)
-    local present = false
-    for _, bc in ipairs(buckets) do if bc[1] == where then present = true end end
-    if present then add_to_bucket(buckets, where, delta)
-    elseif delta > 0 then add_to_bucket(buckets, math.floor(now / bucket_ms(lim)), delta) end
-    return write_window(buckets)
-  end
-  local start = period_bounds(lim.p, now)
-  local used = 0
-  if state then
-    local s, c = string.match(state, '^(%d+):(%d+)$')
-    if s and tonumber(s) == start then used = tonumber(c) end
-  end
-  if start == where or delta > 0 then used = math.max(0, used + delta) end
-  return int(start) .. ':' .. int(used)
+  if #out > 0 then redis.call('HSET', key, unpack(out)) end
 end
 
 -- Is this limit in force at `now`? (overrides carry `u`ntil, what they replaced carries `f`rom)

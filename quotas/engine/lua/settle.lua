@@ -43,21 +43,27 @@ if prices then
 end
 local actual = {tokens = tokens, cost = cost}
 
-local limits = {}
+local limits, policy_limits = {}, {}
 local blob = redis.call('GET', KEYS[2])
 if blob then
-  for _, lim in ipairs(cjson.decode(blob).l) do limits[lim.id] = lim end
+  policy_limits = cjson.decode(blob).l
+  for _, lim in ipairs(policy_limits) do limits[lim.id] = lim end
 end
-for charge in string.gmatch(f[10] or '', '[^;]+') do
-  local c = split(charge, ',')                       -- id,level,metric,where,amount
+local touched = {}
+for charge_text in string.gmatch(f[10] or '', '[^;]+') do
+  local c = split(charge_text, ',')                  -- id,level,metric,where,amount
   local lim = limits[c[1]]
-  if lim then
-    local key = KEYS[2 + tonumber(c[2])]
-    local delta = actual[c[3]] - tonumber(c[5])
-    if delta ~= 0 then
-      redis.call('HSET', key, c[1], adjust_state(lim, redis.call('HGET', key, c[1]), tonumber(c[4]), delta, now))
-      if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, horizon_ms(lim, now) + 1000) end
-    end
+  local delta = actual[c[3]] - tonumber(c[5])
+  if lim and delta ~= 0 then
+    local level = tonumber(c[2])
+    adjust(KEYS[2 + level], lim, tonumber(c[4]), delta, now)
+    touched[level] = true
+  end
+end
+if next(touched) then
+  local ttl = level_ttls(policy_limits, now)
+  for level in pairs(touched) do
+    if redis.call('PTTL', KEYS[2 + level]) < ttl[level] then redis.call('PEXPIRE', KEYS[2 + level], ttl[level]) end
   end
 end
 
