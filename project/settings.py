@@ -154,8 +154,6 @@ if QUOTAS_FAIL_MODE not in {"closed", "open"}:
 QUOTAS_RESERVATION_TTL_S = env_int("QUOTAS_RESERVATION_TTL_S", 600, minimum=1)
 # Seconds between full policy resyncs (repairs a flushed or restarted Redis).
 QUOTAS_RESYNC_INTERVAL_S = env_int("QUOTAS_RESYNC_INTERVAL_S", 60, minimum=1)
-# Seconds between drains of the usage stream into Postgres.
-QUOTAS_DRAIN_INTERVAL_S = env_int("QUOTAS_DRAIN_INTERVAL_S", 5, minimum=1)
 
 # ---------------------------------------------------------------------------
 # Celery: configured from these CELERY_* settings (namespace="CELERY").

@@ -8,6 +8,7 @@ import pytest
 
 from quotas.engine import PolicyNotLoaded, UnknownAgent
 from quotas.engine.compile import limit_id
+from quotas.engine.usage import UsageEvent, parse_event
 
 from .conftest import PATH, lim, remaining
 
@@ -139,13 +140,13 @@ def test_every_admitted_check_appends_a_usage_event(engine, install, redis_clien
     install(agent=[lim("requests", 1, "1m")])
     decision = engine.check(org="acme", agent="agent-1", tool="llm_call", model="gpt-4o", tokens=1000)
     engine.check(org="acme", agent="agent-1", tool="llm_call")
-    events = [fields for _, fields in redis_client.xrange(engine.keys.usage_stream("acme"))]
-    assert events[0] == {
-        "kind": "check", "org": "acme", "team": "eng", "user": "alice", "agent": "agent-1", "tool": "llm_call",
-        "model": "gpt-4o", "requests": "1", "credits": "3", "tokens": "1000", "cost_nanos": "10000000",
-        "ts_ms": str(clock.ms), "reservation": decision.reservation, "unsettled": "0",
-    }
-    assert events[1]["kind"] == "deny"
+    events = [parse_event(fields) for _, fields in redis_client.xrange(engine.keys.usage_stream("acme"))]
+    assert events[0] == UsageEvent(
+        kind="check", org="acme", team="eng", user="alice", agent="agent-1", tool="llm_call", model="gpt-4o",
+        requests=1, credits=3, tokens=1000, input_tokens=0, output_tokens=0, cost=Decimal("0.01"), est_tokens=0,
+        est_cost=Decimal(0), ts_ms=clock.ms, reservation=decision.reservation, unsettled=False,
+    )
+    assert (events[1].kind, events[1].requests, events[1].tool) == ("deny", 0, "llm_call")
 
 
 def test_limit_ids_survive_an_amount_edit_but_not_a_change_of_what_is_counted():

@@ -7,6 +7,7 @@ from decimal import Decimal
 import pytest
 
 from quotas.engine import UnknownReservation
+from quotas.engine.usage import parse_event
 
 from .conftest import lim, remaining
 
@@ -79,9 +80,10 @@ def test_an_unsettled_reservation_expires_and_counts_at_its_estimate(engine, ins
     late = engine.settle(org="acme", reservation=decision.reservation, input_tokens=10, output_tokens=10)
     assert late.status == "expired" and late.estimated_tokens == 2000 and late.tokens is None
     assert remaining(engine.peek(org="acme", agent="agent-1"), "tokens") == 3000
-    expired = [f for _, f in redis_client.xrange(engine.keys.usage_stream("acme")) if f["kind"] == "expire"]
+    events = [parse_event(f) for _, f in redis_client.xrange(engine.keys.usage_stream("acme"))]
+    expired = [event for event in events if event.kind == "expire"]
     assert len(expired) == 1
-    assert (expired[0]["tokens"], expired[0]["unsettled"], expired[0]["reservation"]) == ("2000", "1", decision.reservation)
+    assert (expired[0].tokens, expired[0].unsettled, expired[0].reservation) == (2000, True, decision.reservation)
 
 
 def test_checks_sweep_a_few_overdue_reservations_on_their_way(engine, install, clock, redis_client):
@@ -90,7 +92,7 @@ def test_checks_sweep_a_few_overdue_reservations_on_their_way(engine, install, c
     clock.advance(engine.reservation_ttl_ms)
     engine.sweep_per_check = 2
     engine.check(org="acme", agent="agent-1")
-    kinds = [f["kind"] for _, f in redis_client.xrange(engine.keys.usage_stream("acme"))]
+    kinds = [parse_event(f).kind for _, f in redis_client.xrange(engine.keys.usage_stream("acme"))]
     assert kinds == ["check", "expire", "check"]
 
 
@@ -99,3 +101,13 @@ def test_unknown_reservations_are_refused(engine, install):
     for bad in ("nope", "abc.eng.alice.agent-1", "a.b.c.d.e", ""):
         with pytest.raises(UnknownReservation):
             engine.settle(org="acme", reservation=bad, input_tokens=1, output_tokens=1)
+
+
+def test_settlement_appends_a_usage_event_with_actual_and_estimate(engine, install, redis_client, clock):
+    install(agent=[lim("tokens", 5000, "1h")], prices=GPT4O)
+    decision = engine.check(org="acme", agent="agent-1", tool="llm_call", model="gpt-4o", tokens=2000)
+    engine.settle(org="acme", reservation=decision.reservation, input_tokens=1200, output_tokens=640)
+    settle = parse_event(redis_client.xrange(engine.keys.usage_stream("acme"))[-1][1])
+    assert (settle.kind, settle.input_tokens, settle.output_tokens, settle.tokens) == ("settle", 1200, 640, 1840)
+    assert (settle.cost, settle.est_tokens, settle.est_cost) == (Decimal("0.0094"), 2000, Decimal("0.02"))
+    assert (settle.agent, settle.reservation, settle.ts_ms) == ("agent-1", decision.reservation, clock.ms)

@@ -7,7 +7,7 @@
 --   7..10 aq:{org}:l:LEVEL:NODE  lease zsets of org, team, user, agent (read in peek mode)
 --   11 aq:{org}:r                reservations: id -> record
 --   12 aq:{org}:rp               reservation deadlines: id -> ms
---   13 aq:{org}:usage            usage stream
+--   13 aq:{org}:usage            usage stream (events: quotas/engine/usage.py)
 -- ARGV:
 --   1 mode         "check" (charge if all pass) or "peek" (consume nothing)
 --   2 now_ms       "" to use the server's TIME (tests pass a fixed clock)
@@ -107,8 +107,7 @@ local sweep_n = tonumber(ARGV[9]) or 0
 if sweep_n > 0 then sweep(KEYS[11], KEYS[12], KEYS[13], p[1], now, sweep_n, tonumber(ARGV[8])) end
 
 if blocked > 0 then
-  redis.call('XADD', KEYS[13], '*', 'kind', 'deny', 'org', p[1], 'team', p[2], 'user', p[3], 'agent', p[4],
-    'tool', tool, 'model', model, 'ts_ms', now)
+  redis.call('XADD', KEYS[13], '*', 'e', usage_event('deny', p, tool, model, 0, 0, 0, 0, 0, 0, 0, 0, now, '', 0))
   return reply('deny', false)
 end
 
@@ -137,7 +136,6 @@ local id = ARGV[7]
 redis.call('HSET', KEYS[11], id, 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
   .. int(tokens) .. '|' .. int(cost) .. '|' .. int(now) .. '|' .. table.concat(charges, ';'))
 redis.call('ZADD', KEYS[12], now + tonumber(ARGV[8]), id)
-redis.call('XADD', KEYS[13], '*', 'kind', 'check', 'org', p[1], 'team', p[2], 'user', p[3], 'agent', p[4],
-  'tool', tool, 'model', model, 'requests', 1, 'credits', weight, 'tokens', tokens, 'cost_nanos', cost,
-  'ts_ms', now, 'reservation', id, 'unsettled', 0)
+redis.call('XADD', KEYS[13], '*', 'e', usage_event('check', p, tool, model, 1, weight, tokens, 0, 0, cost, 0, 0,
+  now, id, 0))
 return reply('ok', true, id)

@@ -265,6 +265,15 @@ local function cost_nanos(tokens, price_per_1k)
   return math.ceil(tokens * price_per_1k / 1000)
 end
 
+-- A usage event, as one stream field (see quotas/engine/usage.py for the order of the values).
+local function usage_event(kind, p, tool, model, requests, credits, tokens, input, output, cost, est_tokens,
+                           est_cost, now, reservation, unsettled)
+  return kind .. '|' .. p[1] .. '|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
+    .. requests .. '|' .. credits .. '|' .. int(tokens) .. '|' .. int(input) .. '|' .. int(output) .. '|'
+    .. int(cost) .. '|' .. int(est_tokens) .. '|' .. int(est_cost) .. '|' .. int(now) .. '|' .. reservation
+    .. '|' .. unsettled
+end
+
 -- Expire up to `n` reservations whose time is up: each counts at its estimate and is
 -- reported as an unsettled usage event; a record past its retention is deleted.
 -- res_key: hash id -> record, open_key: zset id -> deadline, stream_key: usage stream.
@@ -276,9 +285,8 @@ local function sweep(res_key, open_key, stream_key, org, now, n, retention)
     if rec and string.sub(rec, 1, 2) == 'o|' then
       local f = split(rec, '|')
       -- o|team|user|agent|tool|model|est_tokens|est_cost|created|charges
-      redis.call('XADD', stream_key, '*', 'kind', 'expire', 'org', org, 'team', f[2], 'user', f[3], 'agent', f[4],
-        'tool', f[5], 'model', f[6], 'tokens', f[7], 'cost_nanos', f[8], 'ts_ms', int(now),
-        'reservation', id, 'unsettled', '1')
+      redis.call('XADD', stream_key, '*', 'e', usage_event('expire', {org, f[2], f[3], f[4]}, f[5], f[6], 0, 0,
+        f[7], 0, 0, f[8], f[7], f[8], now, id, 1))
       redis.call('HSET', res_key, id, 'x|' .. f[7] .. '|' .. f[8])
       redis.call('ZADD', open_key, now + retention, id)
       expired = expired + 1

@@ -69,9 +69,7 @@ end
 
 redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost)}, '|'))
 redis.call('ZADD', KEYS[8], now + tonumber(ARGV[5]), id)
-redis.call('XADD', KEYS[9], '*', 'kind', 'settle', 'org', ARGV[6], 'team', team, 'user', user, 'agent', agent,
-  'tool', tool, 'model', model, 'input_tokens', int(input), 'output_tokens', int(output), 'tokens', int(tokens),
-  'cost_nanos', int(cost), 'est_tokens', int(est_tokens), 'est_cost_nanos', int(est_cost), 'ts_ms', int(now),
-  'reservation', id, 'unsettled', '0')
+redis.call('XADD', KEYS[9], '*', 'e', usage_event('settle', {ARGV[6], team, user, agent}, tool, model, 0, 0,
+  tokens, input, output, cost, est_tokens, est_cost, now, id, 0))
 return cjson.encode({s = 'settled', tokens = int(tokens), cost = int(cost), est_tokens = int(est_tokens),
   est_cost = int(est_cost)})
