@@ -133,14 +133,13 @@ def run() -> dict:
         fleet = 1000
         fleet_prefix = f"{prefix}f"
         fleet_engine = QuotaEngine(client, key_prefix=fleet_prefix, sweep_per_check=0)
+        policy_and_counters = set()
         for i in range(fleet):
             fleet_path = ("fleet", f"team-{i // 250}", f"user-{i // 10}", f"agent-{i}")
             install(client, fleet_engine, fleet_path, eight_limits())
             fleet_engine.check(org="fleet", agent=fleet_path[3], tokens=100)
-        policy_and_counters = [
-            key for key in client.scan_iter(f"{fleet_prefix}:*", count=5000)
-            if ":a:" in key or ":c:" in key
-        ]
+            policy_and_counters.add(fleet_engine.keys.agent_policy("fleet", fleet_path[3]))
+            policy_and_counters.update(fleet_engine.keys.path_counters("fleet", fleet_path))
         results["memory_fleet"] = sum(client.memory_usage(key) or 0 for key in policy_and_counters) / fleet
         cleanup(client, fleet_prefix)
 

@@ -5,7 +5,7 @@ lives in one Redis Cluster slot; scripts get them all in KEYS.
 
     aq:{acme-corp}:org                      hash: policy version, tool weights (t:TOOL), model prices (m:MODEL)
     aq:{acme-corp}:a:agent-1                string: the agent's compiled policy (JSON)
-    aq:{acme-corp}:c:user:alice             hash: counter state of alice's limits, one field per limit
+    aq:{acme-corp}:s:user:alice             string: counter state of alice's limits (packed records, see lua/lib.lua)
     aq:{acme-corp}:l:user:alice             zset: leases held on alice's concurrency limits (member -> expiry ms)
     aq:{acme-corp}:r                        hash: reservations (id -> what the check charged, then the settlement)
     aq:{acme-corp}:rp                       zset: reservation deadlines (id -> ms)
@@ -35,7 +35,7 @@ class Keys:
         return f"{self._org(org)}:a:{agent}"
 
     def counters(self, org: str, level: str, node: str) -> str:
-        return f"{self._org(org)}:c:{level}:{node}"
+        return f"{self._org(org)}:s:{level}:{node}"
 
     def leases(self, org: str, level: str, node: str) -> str:
         return f"{self._org(org)}:l:{level}:{node}"

@@ -1,8 +1,17 @@
-"""The Lua scripts, read once from ``lua/`` with the shared helpers of ``lib.lua`` in front.
+"""The Lua scripts, loaded as one Redis Functions library.
 
-``Scripts.run`` sends EVALSHA; on NOSCRIPT (a restarted or flushed server) it
-loads the script and sends it again, so callers never see it. A Redis that
-cannot be reached in time becomes ``QuotaBackendUnavailable``.
+``lua/lib.lua`` (the shared helpers) and each ``lua/NAME.lua`` (KEYS and ARGV
+documented at its top) become one library, ``agentquotas_<hash>``, with one
+function per script, ``aq_NAME_<hash>``: the hash of the source, so processes
+of two versions can share a server during a deploy. A library is compiled once
+per server, not per call: its helpers are defined once, and decoded policies
+are kept in a bounded cache (``decode_policy`` in lib.lua, keyed by the policy
+text itself, so an edited policy is never served stale).
+
+``Scripts.run`` sends FCALL; when the server does not have the function (a new,
+flushed or restarted server without persistence) it loads the library and sends
+the call again. A Redis that cannot be reached in time becomes
+``QuotaBackendUnavailable``.
 """
 
 from __future__ import annotations
@@ -20,29 +29,40 @@ SCRIPT_NAMES = ("check", "settle", "lease", "sweep")
 
 
 @cache
-def script_source(name: str) -> str:
+def library() -> tuple[str, str]:
+    """(version hash, library source)."""
+    lib = (LUA_DIR / "lib.lua").read_text()
+    bodies = {name: (LUA_DIR / f"{name}.lua").read_text() for name in SCRIPT_NAMES}
+    version = hashlib.sha1("\n".join([lib, *bodies.values()]).encode()).hexdigest()[:12]
+    parts = [f"#!lua name=agentquotas_{version}", lib]
+    for name, body in bodies.items():
+        parts.append(f"-- ---- {name}.lua ----\nlocal function script_{name}(KEYS, ARGV)\n{body}\nend\n"
+                     f"redis.register_function('aq_{name}_{version}', script_{name})")
+    return version, "\n".join(parts)
+
+
+def function_name(name: str) -> str:
     if name not in SCRIPT_NAMES:
         raise ValueError(f"no script {name!r}; there are {', '.join(SCRIPT_NAMES)}")
-    lib = (LUA_DIR / "lib.lua").read_text()
-    return f"{lib}\n-- ---- {name}.lua ----\n{(LUA_DIR / f'{name}.lua').read_text()}"
-
-
-@cache
-def script_sha(name: str) -> str:
-    return hashlib.sha1(script_source(name).encode()).hexdigest()
+    return f"aq_{name}_{library()[0]}"
 
 
 class Scripts:
     def __init__(self, client: redis.Redis):
         self.client = client
 
+    def load(self) -> None:
+        self.client.execute_command("FUNCTION", "LOAD", "REPLACE", library()[1])
+
     def run(self, name: str, keys: list, args: list):
         command = self.client.execute_command
         try:
             try:
-                return command("EVALSHA", script_sha(name), len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                self.client.script_load(script_source(name))
-                return command("EVALSHA", script_sha(name), len(keys), *keys, *args)
+                return command("FCALL", function_name(name), len(keys), *keys, *args)
+            except redis.exceptions.ResponseError as exc:
+                if "Function not found" not in str(exc):
+                    raise
+                self.load()
+                return command("FCALL", function_name(name), len(keys), *keys, *args)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc

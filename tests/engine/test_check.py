@@ -128,10 +128,10 @@ def test_counters_get_a_ttl_so_idle_agents_cost_nothing(engine, install, redis_c
     assert ttls[1] <= 3600_000 + 1000  # the longest of the agent's windows, plus a second
 
 
-def test_script_cache_flush_is_survived(engine, install, redis_client):
+def test_a_server_without_the_functions_gets_them_loaded(engine, install, redis_client):
     install(agent=[lim("requests", 2, "1m")])
     assert engine.check(org="acme", agent="agent-1").allowed
-    redis_client.script_flush()  # as after a restart: EVALSHA answers NOSCRIPT
+    redis_client.function_flush()  # as on a new server, or a restarted one without persistence
     assert engine.check(org="acme", agent="agent-1").allowed
     assert not engine.check(org="acme", agent="agent-1").allowed
 

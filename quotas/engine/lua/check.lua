@@ -3,7 +3,7 @@
 -- KEYS (all share the org's hash tag, see quotas/engine/keys.py):
 --   1  aq:{org}:org              org policy hash: v (version), t:TOOL (weight), m:MODEL ("in,out" nano-USD per 1K)
 --   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py)
---   3..6  aq:{org}:c:LEVEL:NODE  counter hashes of org, team, user, agent
+--   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua)
 --   7..10 aq:{org}:l:LEVEL:NODE  lease zsets of org, team, user, agent (read in peek mode)
 --   11 aq:{org}:r                reservations: id -> record
 --   12 aq:{org}:rp               reservation deadlines: id -> ms
@@ -39,7 +39,7 @@ local org_policy = redis.call('HMGET', KEYS[1], 'v', 't:' .. tool, 'm:' .. model
 if not org_policy[1] then return {'missing'} end
 local blob = redis.call('GET', KEYS[2])
 if not blob then return {'unknown'} end
-local policy = cjson.decode(blob)
+local policy = decode_policy(blob)  -- cached and shared between calls: read it, never change it
 local p = policy.p
 local fresh = tostring(policy.v) == ARGV[10] and '' or blob
 if p[1] .. ' ' .. p[2] .. ' ' .. p[3] .. ' ' .. p[4] ~= path_arg then return {'stale', policy.v, blob} end
@@ -52,51 +52,49 @@ if org_policy[3] then
 end
 local amounts = {requests = 1, credits = weight, tokens = tokens, cost = cost}
 
--- The limits that apply to this call, and their state, read with one HMGET per level.
-local applies, index, fields = {}, {}, {{}, {}, {}, {}}
+-- The limits that apply to this call, as cells on their node's state (see lib.lua): one GET per level.
+local cells, index, states = {}, {}, {}
 for i, lim in ipairs(policy.l) do
   if active(lim, now) and (lim.t == nil or lim.t == tool) and (lim.md == nil or lim.md == model)
-      and (lim.m ~= 'concurrency' or mode == 'peek') then
-    applies[#applies + 1] = lim
-    index[#applies] = i
-    if lim.m ~= 'concurrency' then
-      local level = fields[lim.lv]
-      lim.offset = #level
-      for _, f in ipairs(state_fields(lim, now)) do level[#level + 1] = f end
+      and (lim.kind ~= 'c' or mode == 'peek') then
+    local n = #cells + 1
+    index[n] = i
+    if lim.kind ~= 'c' then
+      local level = lim.lv
+      local st = states[level]
+      if not st then st = read_state(KEYS[2 + level]); states[level] = st end
+      cells[n] = new_cell(lim, st, now, amounts[lim.m])
+    else
+      local c = lim.cell
+      c.x, c.remaining, c.ok, c.retry, c.reset = 1, 0, true, 0, 0
+      cells[n] = c
     end
   end
 end
-local values = {}
-for level = 1, 4 do
-  if #fields[level] > 0 then values[level] = redis.call('HMGET', KEYS[2 + level], unpack(fields[level])) end
-end
 
-local results, blocked, retry = {}, 0, 0
-for i, lim in ipairs(applies) do
-  local r
-  if lim.m == 'concurrency' then
+local blocked, retry = 0, 0
+for n, c in ipairs(cells) do
+  local lim = c.lim
+  if lim.m == 'concurrency' then                       -- peek only: leases gate runs, not calls
     local held = redis.call('ZCOUNT', KEYS[6 + lim.lv], '(' .. now, '+inf')
-    r = {remaining = lim.a - held, ok = held + 1 <= lim.a, retry = 0, reset = 0}
+    c.remaining, c.ok = lim.a - held, held + 1 <= lim.a
   else
-    local all = values[lim.lv]
-    r = evaluate(KEYS[2 + lim.lv], lim, {all[lim.offset + 1], all[lim.offset + 2], all[lim.offset + 3]}, amounts[lim.m], now)
-  end
-  results[i] = r
-  if not r.ok and not lim.sh and lim.m ~= 'concurrency' then   -- leases gate runs, not calls
-    -- the request passes once every blocking limit does: the latest of their retry times
-    if blocked == 0 or r.retry == NEVER or (retry ~= NEVER and r.retry > retry) then
-      blocked, retry = i, r.retry
+    evaluate(c, now)
+    if not c.ok and not lim.sh then
+      -- the request passes once every blocking limit does: the latest of their retry times
+      if blocked == 0 or c.retry == NEVER or (retry ~= NEVER and c.retry > retry) then
+        blocked, retry = n, c.retry
+      end
     end
   end
 end
 
 local function reply(status, charged, reservation)
   local out = {status, policy.v, fresh, retry, blocked, reservation or ''}
-  for i, r in ipairs(results) do
-    local remaining = r.remaining
-    if charged then remaining = remaining - r.x end
-    local n = #out
-    out[n + 1] = index[i]; out[n + 2] = remaining; out[n + 3] = r.reset; out[n + 4] = r.ok and 1 or 0
+  for n, c in ipairs(cells) do
+    local k = #out
+    out[k + 1] = index[n]; out[k + 2] = charged and c.remaining - c.x or c.remaining
+    out[k + 3] = c.reset; out[k + 4] = c.ok and 1 or 0
   end
   return out
 end
@@ -106,36 +104,37 @@ if mode == 'peek' then return reply(blocked > 0 and 'deny' or 'ok', false) end
 local sweep_n = tonumber(ARGV[9]) or 0
 if sweep_n > 0 then sweep(KEYS[11], KEYS[12], KEYS[13], p[1], now, sweep_n, tonumber(ARGV[8])) end
 
+local now_text = int(now)
 if blocked > 0 then
-  redis.call('XADD', KEYS[13], '*', 'e', usage_event('deny', p, tool, model, 0, 0, 0, 0, 0, 0, 0, 0, now, '', 0))
+  redis.call('XADD', KEYS[13], '*', 'e', usage_event('deny', p, tool, model, '0', '0', '0', '0', '0', '0', '0', '0',
+    now_text, '', '0'))
   return reply('deny', false)
 end
 
 -- Every limit passed: charge them all (shadow ones too, so they can report what they would block),
--- one HSET per level; renew a level's TTL when one of its limits moved to a new bucket or period.
-local writes, renew, charges = {{}, {}, {}, {}}, {false, false, false, false}, {}
-for i, lim in ipairs(applies) do
-  local level = lim.lv
-  local x = results[i].x
-  local where, advanced = charge(KEYS[2 + level], lim, results[i], now, writes[level])
-  renew[level] = renew[level] or advanced
-  if (lim.m == 'tokens' or lim.m == 'cost') and x > 0 then
-    charges[#charges + 1] = lim.id .. ',' .. level .. ',' .. lim.m .. ',' .. int(where) .. ',' .. int(x)
+-- and write each level's state back with one SET. The reservation remembers which token and cost
+-- limits it charged: settle corrects those.
+local charged = {}
+for _, c in ipairs(cells) do
+  local lim = c.lim
+  charge(c, now)
+  if (lim.m == 'tokens' or lim.m == 'cost') and c.x > 0 then
+    charged[#charged + 1] = lim.id .. ',' .. LEVEL_TEXT[lim.lv]
   end
 end
 local ttl = nil
 for level = 1, 4 do
-  if #writes[level] > 0 then redis.call('HSET', KEYS[2 + level], unpack(writes[level])) end
-  if renew[level] then
-    ttl = ttl or level_ttls(policy.l, now)
-    redis.call('PEXPIRE', KEYS[2 + level], ttl[level])
+  local st = states[level]
+  if st and st.dirty then
+    if st.renew then ttl = ttl or level_ttls(policy.l, now) end
+    write_state(st, policy.keep[level], ttl and ttl[level])
   end
 end
 
-local id = ARGV[7]
-redis.call('HSET', KEYS[11], id, 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
-  .. int(tokens) .. '|' .. int(cost) .. '|' .. int(now) .. '|' .. table.concat(charges, ';'))
+local id, tokens_text, cost_text = ARGV[7], ARGV[6], int(cost)
+redis.call('HSET', KEYS[11], id, table.concat({'o', p[2], p[3], p[4], tool, model, tokens_text, cost_text, now_text,
+  table.concat(charged, ';')}, '|'))
 redis.call('ZADD', KEYS[12], now + tonumber(ARGV[8]), id)
-redis.call('XADD', KEYS[13], '*', 'e', usage_event('check', p, tool, model, 1, weight, tokens, 0, 0, cost, 0, 0,
-  now, id, 0))
+redis.call('XADD', KEYS[13], '*', 'e', usage_event('check', p, tool, model, '1', org_policy[2] or '1', tokens_text,
+  '0', '0', cost_text, '0', '0', now_text, id, '0'))
 return reply('ok', true, id)

@@ -46,7 +46,7 @@ end
 if not redis.call('HGET', KEYS[1], 'v') then return {'missing'} end
 local blob = redis.call('GET', KEYS[2])
 if not blob then return {'unknown'} end
-local policy = cjson.decode(blob)
+local policy = decode_policy(blob)
 local p = policy.p
 if p[1] .. ' ' .. p[2] .. ' ' .. p[3] .. ' ' .. p[4] ~= path_arg then return {'stale', policy.v, blob} end
 local fresh = tostring(policy.v) == ARGV[6] and '' or blob

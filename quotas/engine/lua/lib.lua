@@ -60,168 +60,215 @@ local function period_bounds(period, now)
   return days_from_civil(y, m, 1) * DAY_MS, days_from_civil(ny, nm, 1) * DAY_MS
 end
 
--- Counter state of one limit: numeric fields in its node's hash, named after the limit id.
---   rolling window: ID.L = newest bucket written, ID.T = sum of the ring, ID.0 .. ID.<BUCKETS> = ring of
---                   bucket counts (bucket k = floor(t / (window / BUCKETS)) lives in slot k % (BUCKETS + 1))
---   token bucket:   ID.k = tokens, ID.s = when last refilled (ms)
---   calendar:       ID.P = period start (ms), ID.n = count
--- A check reads two or three fields per limit (one HMGET per level) and writes each level with one
--- HSET; a window limit reads more ring slots only when buckets have just left the window, or to
--- compute retry_after on a refusal.
+-- Counter state of a node: one string (aq:{org}:s:LEVEL:NODE) holding a record per limit, packed
+-- with `struct`: the limit's 8-character id, a kind byte, then little-endian doubles:
+--   'w' rolling window: newest bucket written (-1: none), ring total, counts of the ring's SLOTS buckets
+--                       (bucket k = floor(t / (window / BUCKETS)) lives in slot k % SLOTS)
+--   'b' token bucket:   tokens, when last refilled (ms)
+--   'p' calendar:       period start (ms), count
+-- A check reads each level's state with one GET and writes it back with one SET (the TTL with it):
+-- no per-field lookups and no text-to-number conversions on the hot path.
 local SLOTS = BUCKETS + 1
+local HEAD_FMT = '<c8c1'
+-- (written out: a Functions library is loaded with no `string` in reach; 'w' has 2 + SLOTS doubles)
+local VALUES_FMT = {w = '<ddddddddddddd', b = '<dd', p = '<dd'}
+local RECORD_FMT = {w = '<c8c1ddddddddddddd', b = '<c8c1dd', p = '<c8c1dd'}
+local LEVEL_TEXT = {'1', '2', '3', '4'}
 
-local function bucket_ms(lim) return math.ceil(lim.w / BUCKETS) end
+local function kind_of(lim) return lim.b and 'b' or (lim.w and 'w' or 'p') end
 
-local function slot_field(lim, b) return lim.id .. '.' .. (b % SLOTS) end
+local function slot_index(b) return 3 + b % SLOTS end
 
--- The fields a check reads: for a window limit, newest bucket, total, and the slot of the bucket
--- of `now` (so that adding to it needs no second read).
-local function state_fields(lim, now)
-  local id = lim.id
-  if lim.b then return {id .. '.k', id .. '.s'} end
-  if lim.w then return {id .. '.L', id .. '.T', slot_field(lim, math.floor(now / bucket_ms(lim)))} end
-  return {id .. '.P', id .. '.n'}
-end
-
--- The values of the ring slots of buckets first..last (a table bucket -> count).
-local function read_slots(key, lim, first, last)
-  local counts = {}
-  if last < first then return counts end
-  local fields = {}
-  for b = first, last do fields[#fields + 1] = slot_field(lim, b) end
-  local values = redis.call('HMGET', key, unpack(fields))
-  for i, b in ipairs(fields) do counts[first + i - 1] = tonumber(values[i]) or 0 end
-  return counts
-end
-
--- Window state at `now`: newest bucket, ring total, and what has left the window since it was written.
--- Buckets oldest..newest are counted, where oldest is the bucket of (now - window): counting it whole
--- is what makes "never more than the limit in any window-long interval" hold.
-local function window_state(key, lim, v, now)
-  local st = {g = bucket_ms(lim), newest = tonumber(v[1]), total = tonumber(v[2]) or 0, current = tonumber(v[3])}
-  st.oldest = math.floor((now - lim.w) / st.g)
-  st.now = now
-  st.used = 0
-  if st.newest then
-    local stored_from = st.newest - BUCKETS
-    if st.oldest > st.newest then
-      st.gone = true                                   -- the whole ring has left the window
-    else
-      st.left = read_slots(key, lim, stored_from, st.oldest - 1)
-      st.used = st.total
-      for _, c in pairs(st.left) do st.used = st.used - c end
+-- A node's state: records by limit id (arrays of numbers, changed in place), and whether it changed.
+local function read_state(key)
+  local st = {key = key, recs = {}, kinds = {}, dirty = false, renew = false}
+  local packed = redis.call('GET', key)
+  if packed then
+    local pos, len = 1, #packed
+    while pos <= len do
+      local id, kind, at = struct.unpack(HEAD_FMT, packed, pos)
+      local v = {struct.unpack(VALUES_FMT[kind], packed, at)}
+      pos = table.remove(v)
+      st.recs[id], st.kinds[id] = v, kind
     end
   end
   return st
 end
 
--- Add x to bucket b of a window limit, appending field/value pairs to `out` (advancing the ring
--- and clearing the slots it reuses). Returns whether the ring advanced (the hash's TTL must follow).
-local function window_add(key, lim, st, b, x, out)
-  local id = lim.id
-  if st.newest and not st.gone and b <= st.newest then
-    if b < st.newest - BUCKETS then b = st.newest end  -- far behind (a clock step back): count it as newest
-    if b == math.floor(st.now / st.g) and st.current then
-      out[#out + 1] = slot_field(lim, b); out[#out + 1] = st.current + x
-      out[#out + 1] = id .. '.T'; out[#out + 1] = st.total + x
-    else                                               -- a slot we did not read: add in place
-      redis.call('HINCRBY', key, slot_field(lim, b), x)
-      redis.call('HINCRBY', key, id .. '.T', x)
+-- Write a changed state back, keeping only the records of limits the policy still has (`keep`: id ->
+-- true); with a new TTL when a limit moved to a new bucket or period (`ttl` ms), else the TTL it has.
+local function write_state(st, keep, ttl)
+  local parts = {}
+  for id, v in pairs(st.recs) do
+    if keep[id] then
+      local kind = st.kinds[id]
+      parts[#parts + 1] = struct.pack(RECORD_FMT[kind], id, kind, unpack(v))
     end
+  end
+  if #parts == 0 then
+    redis.call('DEL', st.key)
+  elseif st.renew then
+    redis.call('SET', st.key, table.concat(parts), 'PX', ttl)
+  else
+    redis.call('SET', st.key, table.concat(parts), 'KEEPTTL')
+  end
+end
+
+-- A cell: one limit evaluated in one call, on its record in its node's state (created if new).
+-- Cells live with the cached policy (prepare_policy) and are reset on each use: scripts never run
+-- concurrently, and a table that already has its fields costs nothing to fill.
+local function new_cell(lim, st, now, x)
+  local id, kind = lim.id, lim.kind
+  local v = st.recs[id]
+  if not v then
+    if kind == 'w' then
+      v = {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}      -- newest none, total 0, SLOTS empty buckets
+    elseif kind == 'b' then
+      v = {lim.b, now}
+    else
+      v = {0, 0}
+    end
+    st.recs[id], st.kinds[id] = v, kind
+  end
+  local c = lim.cell
+  c.st, c.v, c.x = st, v, x
+  c.slot = kind == 'w' and math.floor(now / lim.g) or 0
+  c.oldest, c.tokens, c.start, c.used, c.remaining, c.ok, c.retry, c.reset = 0, 0, 0, 0, 0, true, 0, 0
+  return c
+end
+
+-- Decoded agent policies, by their text (decoding is the costliest step of a check), with what can be
+-- derived once: each limit's kind, bucket size and cell, and the ids of each level's counted limits.
+local POLICY_CACHE_SIZE = 10000
+local policy_cache, policy_cached = {}, 0
+local function decode_policy(blob)
+  local policy = policy_cache[blob]
+  if policy then return policy end
+  if policy_cached >= POLICY_CACHE_SIZE then policy_cache, policy_cached = {}, 0 end
+  policy = cjson.decode(blob)
+  policy.keep = {{}, {}, {}, {}}
+  for _, lim in ipairs(policy.l) do
+    lim.kind = lim.m == 'concurrency' and 'c' or kind_of(lim)
+    lim.g = lim.w and math.ceil(lim.w / BUCKETS) or 0
+    lim.cell = {lim = lim, st = false, v = false, x = 0, slot = 0, oldest = 0, tokens = 0, start = 0, used = 0,
+                remaining = 0, ok = true, retry = 0, reset = 0}
+    if lim.kind ~= 'c' then policy.keep[lim.lv][lim.id] = true end
+  end
+  policy_cache[blob], policy_cached = policy, policy_cached + 1
+  return policy
+end
+
+-- What a window limit still counts at `now`: the buckets oldest..newest, where oldest is the bucket of
+-- (now - window). Counting it whole is what makes "never more than the limit in any window-long
+-- interval" hold.
+local function window_used(c, now)
+  local v = c.v
+  local newest = v[1]
+  c.oldest = math.floor((now - c.lim.w) / c.lim.g)
+  if newest < 0 or c.oldest > newest then return 0 end
+  local used = v[2]
+  for b = newest - BUCKETS, c.oldest - 1 do used = used - v[slot_index(b)] end  -- left the window
+  return used
+end
+
+-- Add x (may be negative) to bucket b, advancing the ring and clearing the slots it reuses.
+-- Returns whether the ring advanced (the node's TTL must follow).
+local function window_add(c, b, x)
+  local v = c.v
+  local newest = v[1]
+  if newest >= 0 and b <= newest then
+    if b < newest - BUCKETS then b = newest end        -- far behind (a clock step back): count it as newest
+    local i = slot_index(b)
+    if v[i] + x < 0 then x = -v[i] end                 -- a refund never takes a bucket below zero
+    v[i] = v[i] + x
+    v[2] = v[2] + x
     return false
   end
-  local first, total = b - BUCKETS, x
-  if st.newest and not st.gone and b - st.newest <= BUCKETS then
-    first, total = st.newest + 1, st.total + x
-    for k = first, b do total = total - (st.left[k - SLOTS] or 0) end  -- slot of k held bucket k - SLOTS
+  if newest < 0 or b - newest > BUCKETS then
+    for i = 3, 2 + SLOTS do v[i] = 0 end
+    v[2] = 0
+  else
+    for k = newest + 1, b do                           -- slot of k held bucket k - SLOTS: drop it
+      local i = slot_index(k)
+      v[2] = v[2] - v[i]
+      v[i] = 0
+    end
   end
-  for k = first, b - 1 do out[#out + 1] = slot_field(lim, k); out[#out + 1] = 0 end
-  out[#out + 1] = slot_field(lim, b); out[#out + 1] = x
-  out[#out + 1] = id .. '.T'; out[#out + 1] = total
-  out[#out + 1] = id .. '.L'; out[#out + 1] = b
+  x = math.max(0, x)
+  v[slot_index(b)] = x
+  v[2] = v[2] + x
+  v[1] = b
   return true
 end
 
--- Evaluate one limit for an amount x at `now`; v are the values of state_fields(lim) in hash `key`.
--- Returns: remaining (before x), ok, retry (ms, NEVER, or 0), reset (ms), plus what charge() needs.
-local function evaluate(key, lim, v, x, now)
-  local r = {x = x}
+-- Evaluate a cell for its amount x at `now`: remaining (before x), ok, retry (ms, NEVER, or 0), reset (ms).
+local function evaluate(c, now)
+  local lim, v, x = c.lim, c.v, c.x
   if lim.b then                                       -- token bucket: capacity b, refill a per w
     local rate = lim.a / lim.w
-    local tokens, last = tonumber(v[1]), tonumber(v[2])
-    if not tokens then tokens, last = lim.b, now end
-    tokens = math.min(lim.b, tokens + math.max(0, now - last) * rate)
-    r.tokens = tokens
-    r.remaining = math.floor(tokens)
-    r.ok = x <= tokens
-    if r.ok then r.retry = 0
-    elseif x > lim.b then r.retry = NEVER
-    else r.retry = math.ceil((x - tokens) / rate) end
-    local after = r.ok and tokens - x or tokens
-    r.reset = math.ceil((lim.b - after) / rate)
+    local tokens = math.min(lim.b, v[1] + math.max(0, now - v[2]) * rate)
+    c.tokens = tokens
+    c.remaining = math.floor(tokens)
+    c.ok = x <= tokens
+    if c.ok then c.retry = 0
+    elseif x > lim.b then c.retry = NEVER
+    else c.retry = math.ceil((x - tokens) / rate) end
+    c.reset = math.ceil((lim.b - (c.ok and tokens - x or tokens)) / rate)
   elseif lim.w then                                   -- rolling window, sub-window buckets
-    local st = window_state(key, lim, v, now)
-    r.st = st
-    r.remaining = lim.a - st.used
-    r.ok = st.used + x <= lim.a
-    if r.ok then r.retry = 0
-    elseif x > lim.a then r.retry = NEVER
+    local used, g = window_used(c, now), lim.g
+    c.used = used
+    c.remaining = lim.a - used
+    c.ok = used + x <= lim.a
+    if c.ok then c.retry = 0
+    elseif x > lim.a then c.retry = NEVER
     else
       -- bucket k stops counting at (k + 1) * g + w: wait until enough of them have
-      local first = math.max(st.oldest, st.newest - BUCKETS)
-      local counts = read_slots(key, lim, first, st.newest)
-      local need, freed = st.used + x - lim.a, 0
-      r.retry = NEVER
-      for b = first, st.newest do
-        freed = freed + counts[b]
-        if freed >= need then r.retry = math.max(1, (b + 1) * st.g + lim.w - now); break end
+      local need, freed = used + x - lim.a, 0
+      c.retry = NEVER
+      for b = math.max(c.oldest, v[1] - BUCKETS), v[1] do
+        freed = freed + v[slot_index(b)]
+        if freed >= need then c.retry = math.max(1, (b + 1) * g + lim.w - now); break end
       end
     end
-    local last = st.used > 0 and st.newest or nil
-    if r.ok and x > 0 then last = math.floor(now / st.g) end
-    r.reset = last and math.max(0, (last + 1) * st.g + lim.w - now) or 0
+    local last = used > 0 and v[1] or nil
+    if c.ok and x > 0 then last = c.slot end
+    c.reset = last and math.max(0, (last + 1) * g + lim.w - now) or 0
   else                                                -- calendar period
     local start, finish = period_bounds(lim.p, now)
-    local used = 0
-    if tonumber(v[1]) == start then used = tonumber(v[2]) or 0 end
-    r.start, r.used = start, used
-    r.remaining = lim.a - used
-    r.ok = used + x <= lim.a
-    if r.ok then r.retry = 0 elseif x > lim.a then r.retry = NEVER else r.retry = finish - now end
-    r.reset = finish - now
+    local used = v[1] == start and v[2] or 0
+    c.start, c.used = start, used
+    c.remaining = lim.a - used
+    c.ok = used + x <= lim.a
+    if c.ok then c.retry = 0 elseif x > lim.a then c.retry = NEVER else c.retry = finish - now end
+    c.reset = finish - now
   end
-  return r
 end
 
--- Charge r.x (evaluate() ran at the same `now`), appending field/value pairs to `out`.
--- Returns where the charge went, for a later settlement (the bucket, the period start, or 0 for a
--- token bucket), and whether the hash's TTL must be renewed.
-local function charge(key, lim, r, now, out)
-  local id = lim.id
-  if lim.b then
-    out[#out + 1] = id .. '.k'; out[#out + 1] = r.tokens - r.x
-    out[#out + 1] = id .. '.s'; out[#out + 1] = now
-    return 0, true
+-- Charge the cell's x (evaluate() ran at the same `now`) into its node's state.
+local function charge(c, now)
+  local v, st, renew = c.v, c.st, true
+  if c.lim.b then
+    v[1], v[2] = c.tokens - c.x, now
+  elseif c.lim.w then
+    renew = window_add(c, c.slot, c.x)
+  else
+    renew = c.used == 0
+    v[1], v[2] = c.start, c.used + c.x
   end
-  if lim.w then
-    local b = math.floor(now / r.st.g)
-    return b, window_add(key, lim, r.st, b, r.x, out)
-  end
-  out[#out + 1] = id .. '.P'; out[#out + 1] = r.start
-  out[#out + 1] = id .. '.n'; out[#out + 1] = r.used + r.x
-  return r.start, r.used == 0
+  st.dirty = true
+  st.renew = st.renew or renew
 end
 
--- How long a node's counter hash must live to remember this limit's state, from `now`.
+-- How long a node's state must live to remember this limit, from `now`.
 local function horizon_ms(lim, now)
   if lim.b then return lim.w end
-  if lim.w then return lim.w + 2 * bucket_ms(lim) end
+  if lim.w then return lim.w + 2 * math.ceil(lim.w / BUCKETS) end
   local _, finish = period_bounds(lim.p, now)
   return finish - now
 end
 
--- The TTL of each level's counter hash: the longest horizon of any limit of that level in the
--- policy, whatever tool or model it is narrowed to, so no call cuts another limit's memory short.
+-- The TTL of each level's state: the longest horizon of any limit of that level in the policy,
+-- whatever tool or model it is narrowed to, so no call cuts another limit's memory short.
 local function level_ttls(limits, now)
   local ttl = {0, 0, 0, 0}
   for _, lim in ipairs(limits) do
@@ -230,28 +277,28 @@ local function level_ttls(limits, now)
   return ttl
 end
 
--- Apply a settlement delta (may be negative) where the original charge went
--- (`where`: bucket, period start, ignored for token buckets).
-local function adjust(key, lim, where, delta, now)
-  local id = lim.id
-  local v = redis.call('HMGET', key, unpack(state_fields(lim, now)))
-  local out = {}
+-- Apply a settlement delta (may be negative) to a node's state, where the check made at `checked` (ms)
+-- charged it: its bucket (rolling window) or its period (calendar); a token bucket is refilled or drawn now.
+local function adjust(st, lim, checked, delta, now)
+  local c = new_cell(lim, st, now, 0)
+  local v = c.v
   if lim.b then
-    local r = evaluate(key, lim, v, 0, now)              -- an extra charge goes into debt
-    out = {id .. '.k', math.min(lim.b, r.tokens - delta), id .. '.s', now}
+    evaluate(c, now)                                   -- an extra charge goes into debt
+    v[1], v[2] = math.min(lim.b, c.tokens - delta), now
   elseif lim.w then
-    local st = window_state(key, lim, v, now)
-    if st.newest and not st.gone and where >= math.max(st.oldest, st.newest - BUCKETS) and where <= st.newest then
-      window_add(key, lim, st, where, delta, out)        -- still counted: correct that bucket
+    window_used(c, now)
+    local where = math.floor(checked / lim.g)
+    if v[1] >= 0 and where >= math.max(c.oldest, v[1] - BUCKETS) and where <= v[1] then
+      window_add(c, where, delta)                      -- still counted: correct that bucket
     elseif delta > 0 then
-      window_add(key, lim, st, math.floor(now / st.g), delta, out)
+      window_add(c, c.slot, delta)
     end
   else
     local start = period_bounds(lim.p, now)
-    local used = tonumber(v[1]) == start and (tonumber(v[2]) or 0) or 0
-    if start == where or delta > 0 then out = {id .. '.P', start, id .. '.n', math.max(0, used + delta)} end
+    local used = v[1] == start and v[2] or 0
+    if start == period_bounds(lim.p, checked) or delta > 0 then v[1], v[2] = start, math.max(0, used + delta) end
   end
-  if #out > 0 then redis.call('HSET', key, unpack(out)) end
+  st.dirty, st.renew = true, true
 end
 
 -- Is this limit in force at `now`? (overrides carry `u`ntil, what they replaced carries `f`rom)
@@ -266,12 +313,11 @@ local function cost_nanos(tokens, price_per_1k)
 end
 
 -- A usage event, as one stream field (see quotas/engine/usage.py for the order of the values).
+-- Every value must already be text or a small integer (no number formatting on the hot path).
 local function usage_event(kind, p, tool, model, requests, credits, tokens, input, output, cost, est_tokens,
                            est_cost, now, reservation, unsettled)
-  return kind .. '|' .. p[1] .. '|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
-    .. requests .. '|' .. credits .. '|' .. int(tokens) .. '|' .. int(input) .. '|' .. int(output) .. '|'
-    .. int(cost) .. '|' .. int(est_tokens) .. '|' .. int(est_cost) .. '|' .. int(now) .. '|' .. reservation
-    .. '|' .. unsettled
+  return table.concat({kind, p[1], p[2], p[3], p[4], tool, model, requests, credits, tokens, input, output, cost,
+    est_tokens, est_cost, now, reservation, unsettled}, '|')
 end
 
 -- Expire up to `n` reservations whose time is up: each counts at its estimate and is
@@ -285,8 +331,8 @@ local function sweep(res_key, open_key, stream_key, org, now, n, retention)
     if rec and string.sub(rec, 1, 2) == 'o|' then
       local f = split(rec, '|')
       -- o|team|user|agent|tool|model|est_tokens|est_cost|created|charges
-      redis.call('XADD', stream_key, '*', 'e', usage_event('expire', {org, f[2], f[3], f[4]}, f[5], f[6], 0, 0,
-        f[7], 0, 0, f[8], f[7], f[8], now, id, 1))
+      redis.call('XADD', stream_key, '*', 'e', usage_event('expire', {org, f[2], f[3], f[4]}, f[5], f[6], '0', '0',
+        f[7], '0', '0', f[8], f[7], f[8], int(now), id, '1'))
       redis.call('HSET', res_key, id, 'x|' .. f[7] .. '|' .. f[8])
       redis.call('ZADD', open_key, now + retention, id)
       expired = expired + 1

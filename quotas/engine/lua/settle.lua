@@ -4,7 +4,7 @@
 -- KEYS (one org's hash tag):
 --   1  aq:{org}:org              org policy hash (m:MODEL prices)
 --   2  aq:{org}:a:AGENT          the agent's compiled policy (window and bucket sizes by limit id)
---   3..6  aq:{org}:c:LEVEL:NODE  counter hashes of org, team, user, agent (the path at check time)
+--   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (the path at check time)
 --   7  aq:{org}:r                open reservations: id -> record
 --   8  aq:{org}:rp               reservation deadlines
 --   9  aq:{org}:usage            usage stream
@@ -31,7 +31,7 @@ local f = split(rec, '|')
 if f[1] == 's' then return cjson.encode({s = 'repeat', tokens = f[2], cost = f[3], est_tokens = f[4], est_cost = f[5]}) end
 if f[1] == 'x' then return cjson.encode({s = 'expired', est_tokens = f[2], est_cost = f[3]}) end
 
--- o|team|user|agent|tool|model|est_tokens|est_cost|created|charges
+-- o|team|user|agent|tool|model|est_tokens|est_cost|checked_ms|charged limits (id,level;...)
 local team, user, agent, tool, model = f[2], f[3], f[4], f[5], f[6]
 local est_tokens, est_cost = tonumber(f[7]), tonumber(f[8])
 local tokens = input + output
@@ -43,33 +43,36 @@ if prices then
 end
 local actual = {tokens = tokens, cost = cost}
 
-local limits, policy_limits = {}, {}
+local limits, policy_limits, keep = {}, {}, {{}, {}, {}, {}}
 local blob = redis.call('GET', KEYS[2])
 if blob then
-  policy_limits = cjson.decode(blob).l
+  local policy = decode_policy(blob)
+  policy_limits, keep = policy.l, policy.keep
   for _, lim in ipairs(policy_limits) do limits[lim.id] = lim end
 end
-local touched = {}
+local estimate = {tokens = est_tokens, cost = est_cost}
+local checked = tonumber(f[9])
+local states = {}
 for charge_text in string.gmatch(f[10] or '', '[^;]+') do
-  local c = split(charge_text, ',')                  -- id,level,metric,where,amount
+  local c = split(charge_text, ',')                  -- limit id, level
   local lim = limits[c[1]]
-  local delta = actual[c[3]] - tonumber(c[5])
-  if lim and delta ~= 0 then
-    local level = tonumber(c[2])
-    adjust(KEYS[2 + level], lim, tonumber(c[4]), delta, now)
-    touched[level] = true
+  if lim then
+    local delta = actual[lim.m] - estimate[lim.m]
+    if delta ~= 0 then
+      local level = tonumber(c[2])
+      states[level] = states[level] or read_state(KEYS[2 + level])
+      adjust(states[level], lim, checked, delta, now)
+    end
   end
 end
-if next(touched) then
+if next(states) then
   local ttl = level_ttls(policy_limits, now)
-  for level in pairs(touched) do
-    if redis.call('PTTL', KEYS[2 + level]) < ttl[level] then redis.call('PEXPIRE', KEYS[2 + level], ttl[level]) end
-  end
+  for level, st in pairs(states) do write_state(st, keep[level], ttl[level]) end
 end
 
 redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost)}, '|'))
 redis.call('ZADD', KEYS[8], now + tonumber(ARGV[5]), id)
-redis.call('XADD', KEYS[9], '*', 'e', usage_event('settle', {ARGV[6], team, user, agent}, tool, model, 0, 0,
-  tokens, input, output, cost, est_tokens, est_cost, now, id, 0))
+redis.call('XADD', KEYS[9], '*', 'e', usage_event('settle', {ARGV[6], team, user, agent}, tool, model, '0', '0',
+  int(tokens), int(input), int(output), int(cost), f[7], f[8], int(now), id, '0'))
 return cjson.encode({s = 'settled', tokens = int(tokens), cost = int(cost), est_tokens = int(est_tokens),
   est_cost = int(est_cost)})
