@@ -75,7 +75,8 @@ class _Known:
     path: Path
     version: str
     limits: list[tuple]  # per policy entry: the static fields of a LimitState
-    check_keys: list[bytes]
+    check_keys: list[bytes]  # check.lua's 9 KEYS
+    peek_keys: list[bytes]  # ... and the 4 lease zsets, which only a peek reads
     lease_keys: list[bytes]
 
     def describe(self, rows) -> list[LimitState]:
@@ -157,7 +158,7 @@ class QuotaEngine:
         path = self._path_of_id(org, reservation, UnknownReservation)
         keys = [
             self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_counters(org, path),
-            self.keys.reservations(org), self.keys.reservation_deadlines(org), self.keys.usage_stream(org),
+            self.keys.reservations(org), self.keys.reservation_queue(org), self.keys.usage_stream(org),
         ]
         args = [self._now(), reservation, input_tokens, output_tokens, self.reservation_ttl_ms, org]
         result = json.loads(self._scripts.run("settle", keys, args))
@@ -210,7 +211,7 @@ class QuotaEngine:
                 lease_id = self._new_id(known.path)
                 return ["acquire", self._now(), " ".join(known.path), lease_id, ttl_ms, known.version]
 
-            reply, known = self._run("lease", org, agent, args)
+            reply, known = self._run("lease", org, agent, args, keys="lease_keys")
             if reply[0] == "ok":
                 return Lease(self, org, lease_id, int(reply[5]), known.describe(reply[6:]))
             decision = Decision(False, retry_after_ms=int(reply[3]), blocked=int(reply[4]), rows=reply[6:],
@@ -237,7 +238,7 @@ class QuotaEngine:
 
     def sweep(self, *, org: str, batch: int = 500) -> int:
         """Expire reservations whose settlement is overdue (they count at their estimate)."""
-        keys = [self.keys.reservations(org), self.keys.reservation_deadlines(org), self.keys.usage_stream(org)]
+        keys = [self.keys.reservations(org), self.keys.reservation_queue(org), self.keys.usage_stream(org)]
         return int(self._scripts.run("sweep", keys, [self._now(), org, batch, self.reservation_ttl_ms]))
 
     def forget_paths(self) -> None:
@@ -254,7 +255,7 @@ class QuotaEngine:
                     self._new_id(known.path), self.reservation_ttl_ms, sweep, known.version]
 
         try:
-            reply, known = self._run("check", org, agent, args)
+            reply, known = self._run("check", org, agent, args, keys=f"{mode}_keys")
         except QuotaBackendUnavailable:
             if self.fail_mode == "closed":
                 raise
@@ -272,13 +273,12 @@ class QuotaEngine:
             describe=known.describe,
         )
 
-    def _run(self, script: str, org: str, agent: str, args: Callable[[_Known], list]) -> tuple[list, _Known]:
+    def _run(self, script: str, org: str, agent: str, args: Callable[[_Known], list], *, keys: str) -> tuple[list, _Known]:
         """Run a script that needs the agent's path; learn or correct the path and policy as the script says."""
         resynced = False
         for _ in range(4):
             known = self._known.get((org, agent)) or self._placeholder(org, agent)
-            keys = known.check_keys if script == "check" else known.lease_keys
-            reply = self._scripts.run(script, keys, args(known))
+            reply = self._scripts.run(script, getattr(known, keys), args(known))
             status = reply[0] = _text(reply[0])
             if status == "stale":
                 self._learn(org, agent, reply[1], reply[2])
@@ -306,11 +306,11 @@ class QuotaEngine:
         org = path[0]
         check_keys = [
             self.keys.org_policy(org), self.keys.agent_policy(org, path[3]), *self.keys.path_counters(org, path),
-            *self.keys.path_leases(org, path), self.keys.reservations(org), self.keys.reservation_deadlines(org),
-            self.keys.usage_stream(org),
+            self.keys.reservations(org), self.keys.reservation_queue(org), self.keys.usage_stream(org),
         ]
-        return _Known(path, version, limits, [key.encode() for key in check_keys],
-                      [key.encode() for key in self._lease_keys(org, path)])
+        encode = lambda keys: [key.encode() for key in keys]  # noqa: E731
+        return _Known(path, version, limits, encode(check_keys), encode(check_keys + self.keys.path_leases(org, path)),
+                      encode(self._lease_keys(org, path)))
 
     def _learn(self, org: str, agent: str, version, blob) -> _Known:
         policy = json.loads(blob)

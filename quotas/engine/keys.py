@@ -8,7 +8,7 @@ lives in one Redis Cluster slot; scripts get them all in KEYS.
     aq:{acme-corp}:s:user:alice             string: counter state of alice's limits (packed records, see lua/lib.lua)
     aq:{acme-corp}:l:user:alice             zset: leases held on alice's concurrency limits (member -> expiry ms)
     aq:{acme-corp}:r                        hash: reservations (id -> what the check charged, then the settlement)
-    aq:{acme-corp}:rp                       zset: reservation deadlines (id -> ms)
+    aq:{acme-corp}:rq                       list: "deadline_ms:id" in deadline order (every entry gets now + one TTL)
     aq:{acme-corp}:usage                    stream: usage events for the spend pipeline
     aq:{acme-corp}:agents                   set: agent policy keys written by the last sync (to delete removed agents)
     aq:orgs                                 set: orgs whose policy is in Redis (no hash tag: only policy sync uses it)
@@ -43,8 +43,8 @@ class Keys:
     def reservations(self, org: str) -> str:
         return f"{self._org(org)}:r"
 
-    def reservation_deadlines(self, org: str) -> str:
-        return f"{self._org(org)}:rp"
+    def reservation_queue(self, org: str) -> str:
+        return f"{self._org(org)}:rq"
 
     def usage_stream(self, org: str) -> str:
         return f"{self._org(org)}:usage"

@@ -111,3 +111,19 @@ def test_settlement_appends_a_usage_event_with_actual_and_estimate(engine, insta
     assert (settle.kind, settle.input_tokens, settle.output_tokens, settle.tokens) == ("settle", 1200, 640, 1840)
     assert (settle.cost, settle.est_tokens, settle.est_cost) == (Decimal("0.0094"), 2000, Decimal("0.02"))
     assert (settle.agent, settle.reservation, settle.ts_ms) == ("agent-1", decision.reservation, clock.ms)
+
+
+def test_settled_records_answer_repeats_for_one_ttl_then_go(engine, install, clock, redis_client):
+    install(agent=[lim("tokens", 5000, "1h")])
+    decision = engine.check(org="acme", agent="agent-1", tokens=10)
+    clock.advance(1000)
+    engine.settle(org="acme", reservation=decision.reservation, input_tokens=5, output_tokens=5)
+    clock.advance(engine.reservation_ttl_ms - 1000)  # the check's queue entry is due, the settlement's is not
+    assert engine.sweep(org="acme") == 0
+    assert engine.settle(org="acme", reservation=decision.reservation, input_tokens=1, output_tokens=1).status == "repeat"
+    clock.advance(1000)
+    engine.sweep(org="acme")
+    with pytest.raises(UnknownReservation):
+        engine.settle(org="acme", reservation=decision.reservation, input_tokens=1, output_tokens=1)
+    assert redis_client.hlen(engine.keys.reservations("acme")) == 0
+    assert redis_client.llen(engine.keys.reservation_queue("acme")) == 0

@@ -4,10 +4,10 @@
 --   1  aq:{org}:org              org policy hash: v (version), t:TOOL (weight), m:MODEL ("in,out" nano-USD per 1K)
 --   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py)
 --   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua)
---   7..10 aq:{org}:l:LEVEL:NODE  lease zsets of org, team, user, agent (read in peek mode)
---   11 aq:{org}:r                reservations: id -> record
---   12 aq:{org}:rp               reservation deadlines: id -> ms
---   13 aq:{org}:usage            usage stream (events: quotas/engine/usage.py)
+--   7  aq:{org}:r                reservations: id -> record
+--   8  aq:{org}:rq               reservation queue: "deadline_ms:id" in deadline order
+--   9  aq:{org}:usage            usage stream (events: quotas/engine/usage.py)
+--   10..13 aq:{org}:l:LEVEL:NODE lease zsets of org, team, user, agent (peek mode only: a check passes 9 keys)
 -- ARGV:
 --   1 mode         "check" (charge if all pass) or "peek" (consume nothing)
 --   2 now_ms       "" to use the server's TIME (tests pass a fixed clock)
@@ -20,7 +20,7 @@
 --   9 sweep        how many overdue reservations to expire on the way (0 for none)
 --   10 known       the policy version the caller has cached ("" for none)
 -- Example:
---   EVALSHA sha 13 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:c:org:acme ... aq:{acme}:usage
+--   FCALL aq_check_<version> 9 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:s:org:acme ... aq:{acme}:usage
 --           check "" "acme eng alice agent-1" llm_call gpt-4o 2000 5f0c.eng.alice.agent-1 600000 2 1795290000000
 -- Returns a flat array:
 --   {status, version, policy, retry_ms, blocked, reservation, [index, remaining, reset_ms, passed] per limit}
@@ -76,7 +76,7 @@ local blocked, retry = 0, 0
 for n, c in ipairs(cells) do
   local lim = c.lim
   if lim.m == 'concurrency' then                       -- peek only: leases gate runs, not calls
-    local held = redis.call('ZCOUNT', KEYS[6 + lim.lv], '(' .. now, '+inf')
+    local held = redis.call('ZCOUNT', KEYS[9 + lim.lv], '(' .. now, '+inf')
     c.remaining, c.ok = lim.a - held, held + 1 <= lim.a
   else
     evaluate(c, now)
@@ -102,11 +102,11 @@ end
 if mode == 'peek' then return reply(blocked > 0 and 'deny' or 'ok', false) end
 
 local sweep_n = tonumber(ARGV[9]) or 0
-if sweep_n > 0 then sweep(KEYS[11], KEYS[12], KEYS[13], p[1], now, sweep_n, tonumber(ARGV[8])) end
+if sweep_n > 0 then sweep(KEYS[7], KEYS[8], KEYS[9], p[1], now, sweep_n, tonumber(ARGV[8])) end
 
 local now_text = int(now)
 if blocked > 0 then
-  redis.call('XADD', KEYS[13], '*', 'e', usage_event('deny', p, tool, model, '0', '0', '0', '0', '0', '0', '0', '0',
+  redis.call('XADD', KEYS[9], '*', 'e', usage_event('deny', p, tool, model, '0', '0', '0', '0', '0', '0', '0', '0',
     now_text, '', '0'))
   return reply('deny', false)
 end
@@ -132,9 +132,9 @@ for level = 1, 4 do
 end
 
 local id, tokens_text, cost_text = ARGV[7], ARGV[6], int(cost)
-redis.call('HSET', KEYS[11], id, table.concat({'o', p[2], p[3], p[4], tool, model, tokens_text, cost_text, now_text,
+redis.call('HSET', KEYS[7], id, table.concat({'o', p[2], p[3], p[4], tool, model, tokens_text, cost_text, now_text,
   table.concat(charged, ';')}, '|'))
-redis.call('ZADD', KEYS[12], now + tonumber(ARGV[8]), id)
-redis.call('XADD', KEYS[13], '*', 'e', usage_event('check', p, tool, model, '1', org_policy[2] or '1', tokens_text,
+redis.call('RPUSH', KEYS[8], int(now + tonumber(ARGV[8])) .. ':' .. id)
+redis.call('XADD', KEYS[9], '*', 'e', usage_event('check', p, tool, model, '1', org_policy[2] or '1', tokens_text,
   '0', '0', cost_text, '0', '0', now_text, id, '0'))
 return reply('ok', true, id)

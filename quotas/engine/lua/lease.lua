@@ -13,7 +13,7 @@
 --   5 ttl_ms    lifetime from now (acquire, renew)
 --   6 known     the policy version the caller has cached (acquire; "" for none)
 -- Example:
---   EVALSHA sha 6 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:l:org:acme ... acquire "" "acme eng alice agent-1" l1 300000
+--   FCALL aq_lease_<version> 6 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:l:org:acme ... acquire "" "acme eng alice agent-1" l1 300000
 -- Returns, for acquire, check.lua's flat array with the lease's expiry (ms) in the reservation's place:
 --   {"ok"|"full"|"missing"|"unknown"|"stale", version, policy, retry_ms, blocked, expiry, [index, remaining, 0, passed]...}
 -- and for renew / release: {"ok", expiry} or {"gone"}.

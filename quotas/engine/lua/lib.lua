@@ -320,26 +320,38 @@ local function usage_event(kind, p, tool, model, requests, credits, tokens, inpu
     est_tokens, est_cost, now, reservation, unsettled}, '|')
 end
 
--- Expire up to `n` reservations whose time is up: each counts at its estimate and is
--- reported as an unsettled usage event; a record past its retention is deleted.
--- res_key: hash id -> record, open_key: zset id -> deadline, stream_key: usage stream.
-local function sweep(res_key, open_key, stream_key, org, now, n, retention)
-  local due = redis.call('ZRANGEBYSCORE', open_key, '-inf', now, 'LIMIT', 0, n)
-  local expired = 0
-  for _, id in ipairs(due) do
+-- Reservation records (hash field = id):
+--   o|team|user|agent|tool|model|est_tokens|est_cost|checked_ms|charged   open: waiting for its settlement
+--   s|tokens|cost|est_tokens|est_cost|settled_ms                            settled (kept to answer repeats)
+--   x|est_tokens|est_cost|expired_ms                                        expired unsettled
+-- The queue is a list of "deadline_ms:id": every entry is pushed at now + the same TTL, so it is in
+-- deadline order without sorting (pushing to a list costs a tenth of adding to a sorted set).
+
+-- Expire what is due among the first `n` entries of the queue: an open reservation counts at its
+-- estimate and is reported once as an unsettled usage event; a record past its TTL is deleted.
+local function sweep(res_key, queue_key, stream_key, org, now, n, ttl)
+  local entries = redis.call('LRANGE', queue_key, 0, n - 1)
+  local done, expired = 0, 0
+  for _, entry in ipairs(entries) do
+    local colon = string.find(entry, ':', 1, true)
+    if tonumber(string.sub(entry, 1, colon - 1)) > now then break end    -- the rest are later
+    done = done + 1
+    local id = string.sub(entry, colon + 1)
     local rec = redis.call('HGET', res_key, id)
-    if rec and string.sub(rec, 1, 2) == 'o|' then
+    if rec then
       local f = split(rec, '|')
-      -- o|team|user|agent|tool|model|est_tokens|est_cost|created|charges
-      redis.call('XADD', stream_key, '*', 'e', usage_event('expire', {org, f[2], f[3], f[4]}, f[5], f[6], '0', '0',
-        f[7], '0', '0', f[8], f[7], f[8], int(now), id, '1'))
-      redis.call('HSET', res_key, id, 'x|' .. f[7] .. '|' .. f[8])
-      redis.call('ZADD', open_key, now + retention, id)
-      expired = expired + 1
-    else
-      redis.call('HDEL', res_key, id)
-      redis.call('ZREM', open_key, id)
+      if f[1] == 'o' then
+        local now_text = int(now)
+        redis.call('XADD', stream_key, '*', 'e', usage_event('expire', {org, f[2], f[3], f[4]}, f[5], f[6], '0',
+          '0', f[7], '0', '0', f[8], f[7], f[8], now_text, id, '1'))
+        redis.call('HSET', res_key, id, 'x|' .. f[7] .. '|' .. f[8] .. '|' .. now_text)
+        redis.call('RPUSH', queue_key, int(now + ttl) .. ':' .. id)
+        expired = expired + 1
+      elseif tonumber(f[#f]) + ttl <= now then
+        redis.call('HDEL', res_key, id)                -- settled or expired long enough ago
+      end                                              -- (else a later entry of the queue removes it)
     end
   end
+  if done > 0 then redis.call('LTRIM', queue_key, done, -1) end
   return expired
 end

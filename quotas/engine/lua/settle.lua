@@ -6,17 +6,17 @@
 --   2  aq:{org}:a:AGENT          the agent's compiled policy (window and bucket sizes by limit id)
 --   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (the path at check time)
 --   7  aq:{org}:r                open reservations: id -> record
---   8  aq:{org}:rp               reservation deadlines
+--   8  aq:{org}:rq               reservation queue
 --   9  aq:{org}:usage            usage stream
 -- ARGV:
 --   1 now_ms          "" for the server's TIME
 --   2 reservation     its id
 --   3 input_tokens
 --   4 output_tokens
---   5 retention_ms    how long a settled record is kept to answer repeats
+--   5 ttl_ms          the reservation TTL: a settled record is kept this long to answer repeats
 --   6 org             the org's id, for the usage event
 -- Example:
---   EVALSHA sha 9 aq:{acme}:org aq:{acme}:a:agent-1 ... aq:{acme}:usage "" r1.eng.alice.agent-1 1200 640 600000 acme
+--   FCALL aq_settle_<version> 9 aq:{acme}:org aq:{acme}:a:agent-1 ... aq:{acme}:usage "" r1.eng.alice.agent-1 1200 640 600000 acme
 -- Returns JSON {"s": "settled"|"repeat"|"expired"|"unknown", "tokens", "cost", "est_tokens", "est_cost"}
 -- (numbers as text: cost in nano-USD).
 
@@ -70,8 +70,8 @@ if next(states) then
   for level, st in pairs(states) do write_state(st, keep[level], ttl[level]) end
 end
 
-redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost)}, '|'))
-redis.call('ZADD', KEYS[8], now + tonumber(ARGV[5]), id)
+redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost), int(now)}, '|'))
+redis.call('RPUSH', KEYS[8], int(now + tonumber(ARGV[5])) .. ':' .. id)
 redis.call('XADD', KEYS[9], '*', 'e', usage_event('settle', {ARGV[6], team, user, agent}, tool, model, '0', '0',
   int(tokens), int(input), int(output), int(cost), f[7], f[8], int(now), id, '0'))
 return cjson.encode({s = 'settled', tokens = int(tokens), cost = int(cost), est_tokens = int(est_tokens),

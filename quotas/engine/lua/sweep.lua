@@ -4,14 +4,14 @@
 --
 -- KEYS (one org's hash tag):
 --   1 aq:{org}:r       open reservations: id -> record
---   2 aq:{org}:rp      reservation deadlines
+--   2 aq:{org}:rq      reservation queue ("deadline_ms:id", in deadline order)
 --   3 aq:{org}:usage   usage stream
 -- ARGV:
 --   1 now_ms         "" for the server's TIME
 --   2 org            the org's id, for the usage events
 --   3 batch          how many to look at, at most
---   4 retention_ms   how long an expired record is kept to answer a late settlement
--- Example: EVALSHA sha 3 aq:{acme}:r aq:{acme}:rp aq:{acme}:usage "" acme 500 600000
+--   4 ttl_ms         the reservation TTL (an expired record is kept as long, to answer a late settlement)
+-- Example: FCALL aq_sweep_<version> 3 aq:{acme}:r aq:{acme}:rq aq:{acme}:usage "" acme 500 600000
 -- Returns the number of reservations expired.
 
 local now = now_ms(ARGV[1])
