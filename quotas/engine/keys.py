@@ -8,7 +8,7 @@ lives in one Redis Cluster slot; scripts get them all in KEYS.
     aq:{acme-corp}:s:user:alice             string: counter state of alice's limits (packed records, see lua/lib.lua)
     aq:{acme-corp}:l:user:alice             zset: leases held on alice's concurrency limits (member -> expiry ms)
     aq:{acme-corp}:r                        hash: reservations (id -> what the check charged, then the settlement)
-    aq:{acme-corp}:rq                       list: "deadline_ms:id" in deadline order (every entry gets now + one TTL)
+    aq:{acme-corp}:rq                       list: "pushed_ms:id"; entries fall due (pushed + TTL) in list order
     aq:{acme-corp}:usage                    stream: usage events for the spend pipeline
     aq:{acme-corp}:agents                   set: agent policy keys written by the last sync (to delete removed agents)
     aq:orgs                                 set: orgs whose policy is in Redis (no hash tag: only policy sync uses it)

@@ -174,3 +174,17 @@ def test_a_narrow_call_never_cuts_the_memory_of_a_longer_limit_short(engine, ins
     assert redis_client.pttl(engine.keys.counters("acme", "agent", "agent-1")) > 3_500_000
     clock.advance(30 * 60_000)
     assert not engine.check(org="acme", agent="agent-1", tool="delete_record").allowed
+
+
+def test_server_time_is_used_when_no_clock_is_given(engine, install, redis_client):
+    import time
+
+    install(agent=[lim("requests", 5, "1m")])
+    engine.clock = None
+    before = int(time.time() * 1000)
+    engine.check(org="acme", agent="agent-1")
+    after = int(time.time() * 1000)
+    (entry_id, fields), = redis_client.xrange(engine.keys.usage_stream("acme"))
+    event = parse_event(fields)
+    assert before - 1000 <= event.ts_ms <= after + 1000  # the same machine's clock, give or take
+    assert abs(event.ts_ms - int(entry_id.split("-")[0])) <= 1  # the stream id is also server time

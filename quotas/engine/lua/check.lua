@@ -5,7 +5,7 @@
 --   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py)
 --   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua)
 --   7  aq:{org}:r                reservations: id -> record
---   8  aq:{org}:rq               reservation queue: "deadline_ms:id" in deadline order
+--   8  aq:{org}:rq               reservation queue: "pushed_ms:id", due (pushed + TTL) in the order pushed
 --   9  aq:{org}:usage            usage stream (events: quotas/engine/usage.py)
 --   10..13 aq:{org}:l:LEVEL:NODE lease zsets of org, team, user, agent (peek mode only: a check passes 9 keys)
 -- ARGV:
@@ -31,7 +31,7 @@
 
 local mode, path_arg, tool, model = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
 local tokens = tonumber(ARGV[6])
-local now = now_ms(ARGV[2])
+local now, now_text = now_ms(ARGV[2])
 assert(mode == 'check' or mode == 'peek', 'mode must be check or peek')
 assert(tokens and tokens >= 0, 'tokens must be a number >= 0')
 
@@ -50,7 +50,6 @@ if org_policy[3] then
   local price_in, price_out = string.match(org_policy[3], '^(%d+),(%d+)$')
   cost = cost_nanos(tokens, math.max(tonumber(price_in), tonumber(price_out)))  -- the estimate uses the higher price
 end
-local amounts = {requests = 1, credits = weight, tokens = tokens, cost = cost}
 
 -- The limits that apply to this call, as cells on their node's state (see lib.lua): one GET per level.
 local cells, index, states = {}, {}, {}
@@ -62,8 +61,9 @@ for i, lim in ipairs(policy.l) do
     if lim.kind ~= 'c' then
       local level = lim.lv
       local st = states[level]
-      if not st then st = read_state(KEYS[2 + level]); states[level] = st end
-      cells[n] = new_cell(lim, st, now, amounts[lim.m])
+      if not st then st = read_state(policy, level, KEYS[2 + level], now); states[level] = st end
+      local m = lim.m
+      cells[n] = new_cell(lim, st, now, m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1)
     else
       local c = lim.cell
       c.x, c.remaining, c.ok, c.retry, c.reset = 1, 0, true, 0, 0
@@ -104,7 +104,6 @@ if mode == 'peek' then return reply(blocked > 0 and 'deny' or 'ok', false) end
 local sweep_n = tonumber(ARGV[9]) or 0
 if sweep_n > 0 then sweep(KEYS[7], KEYS[8], KEYS[9], p[1], now, sweep_n, tonumber(ARGV[8])) end
 
-local now_text = int(now)
 if blocked > 0 then
   redis.call('XADD', KEYS[9], '*', 'e', usage_event('deny', p, tool, model, '0', '0', '0', '0', '0', '0', '0', '0',
     now_text, '', '0'))
@@ -127,14 +126,14 @@ for level = 1, 4 do
   local st = states[level]
   if st and st.dirty then
     if st.renew then ttl = ttl or level_ttls(policy.l, now) end
-    write_state(st, policy.keep[level], ttl and ttl[level])
+    write_state(policy, level, ttl and ttl[level])
   end
 end
 
-local id, tokens_text, cost_text = ARGV[7], ARGV[6], int(cost)
-redis.call('HSET', KEYS[7], id, table.concat({'o', p[2], p[3], p[4], tool, model, tokens_text, cost_text, now_text,
-  table.concat(charged, ';')}, '|'))
-redis.call('RPUSH', KEYS[8], int(now + tonumber(ARGV[8])) .. ':' .. id)
+local id, tokens_text, cost_text = ARGV[7], ARGV[6], cost > 0 and int(cost) or '0'
+redis.call('HSET', KEYS[7], id, 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
+  .. tokens_text .. '|' .. cost_text .. '|' .. now_text .. '|' .. table.concat(charged, ';'))
+redis.call('RPUSH', KEYS[8], now_text .. ':' .. id)
 redis.call('XADD', KEYS[9], '*', 'e', usage_event('check', p, tool, model, '1', org_policy[2] or '1', tokens_text,
   '0', '0', cost_text, '0', '0', now_text, id, '0'))
 return reply('ok', true, id)

@@ -6,10 +6,13 @@ local BUCKETS = 10            -- a rolling window is counted in this many sub-wi
 local DAY_MS = 86400000
 local NEVER = -1              -- retry_after when the request can never pass (it is larger than the limit)
 
+-- Now, in ms, as a number and as text (the text made from TIME's own digits: formatting numbers
+-- is among the costliest things a script does).
 local function now_ms(arg)
-  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  if arg ~= nil and arg ~= '' then return tonumber(arg), arg end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local ms = string.sub('000000' .. t[2], -6, -4)     -- microseconds -> the 3 digits of milliseconds
+  return tonumber(t[1]) * 1000 + tonumber(ms), t[1] .. ms
 end
 
 local function int(x)          -- a whole number as text, without exponent
@@ -78,32 +81,60 @@ local LEVEL_TEXT = {'1', '2', '3', '4'}
 local function kind_of(lim) return lim.b and 'b' or (lim.w and 'w' or 'p') end
 
 local function slot_index(b) return 3 + b % SLOTS end
+local RECORD_BYTES = {w = 9 + 8 * (2 + SLOTS), b = 9 + 16, p = 9 + 16}
 
--- A node's state: records by limit id (arrays of numbers, changed in place), and whether it changed.
-local function read_state(key)
-  local st = {key = key, recs = {}, kinds = {}, dirty = false, renew = false}
+-- A limit's record before anything was counted.
+local function clear_record(lim, now)
+  local v = lim.v
+  if lim.kind == 'w' then
+    v[1] = -1
+    for i = 2, 2 + SLOTS do v[i] = 0 end
+  elseif lim.kind == 'b' then
+    v[1], v[2] = lim.b, now
+  else
+    v[1], v[2] = 0, 0
+  end
+  lim.present = false
+end
+
+-- Read a node's state into the records of the policy's limits of that level (arrays that live with
+-- the cached policy, filled in place: no table is made per call). Records of limits the policy no
+-- longer has are skipped, and dropped when the state is written back.
+local function read_state(policy, level, key, now)
+  local st = policy.states[level]
+  st.key, st.dirty, st.renew = key, false, false
+  local limits, by_id = policy.levels[level], policy.by_id[level]
+  for i = 1, #limits do limits[i].present = false end
   local packed = redis.call('GET', key)
-  if packed then
-    local pos, len = 1, #packed
-    while pos <= len do
-      local id, kind, at = struct.unpack(HEAD_FMT, packed, pos)
-      local v = {struct.unpack(VALUES_FMT[kind], packed, at)}
-      pos = table.remove(v)
-      st.recs[id], st.kinds[id] = v, kind
+  local pos, len = 1, packed and #packed or 0
+  while pos <= len do
+    local id, kind, at = struct.unpack(HEAD_FMT, packed, pos)
+    local lim = by_id[id]
+    if lim and lim.kind == kind then
+      local v = lim.v
+      if kind == 'w' then
+        v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], pos =
+          struct.unpack(VALUES_FMT.w, packed, at)
+      else
+        v[1], v[2], pos = struct.unpack(VALUES_FMT[kind], packed, at)
+      end
+      lim.present = true
+    else
+      pos = pos + RECORD_BYTES[kind]
     end
+  end
+  for i = 1, #limits do
+    if not limits[i].present then clear_record(limits[i], now) end
   end
   return st
 end
 
--- Write a changed state back, keeping only the records of limits the policy still has (`keep`: id ->
--- true); with a new TTL when a limit moved to a new bucket or period (`ttl` ms), else the TTL it has.
-local function write_state(st, keep, ttl)
-  local parts = {}
-  for id, v in pairs(st.recs) do
-    if keep[id] then
-      local kind = st.kinds[id]
-      parts[#parts + 1] = struct.pack(RECORD_FMT[kind], id, kind, unpack(v))
-    end
+-- Write a changed state back: the records of the level's limits that have one; with a new TTL when a
+-- limit moved to a new bucket or period (`ttl` ms), else the TTL it has.
+local function write_state(policy, level, ttl)
+  local st, parts = policy.states[level], {}
+  for _, lim in ipairs(policy.levels[level]) do
+    if lim.present then parts[#parts + 1] = struct.pack(RECORD_FMT[lim.kind], lim.id, lim.kind, unpack(lim.v)) end
   end
   if #parts == 0 then
     redis.call('DEL', st.key)
@@ -114,31 +145,17 @@ local function write_state(st, keep, ttl)
   end
 end
 
--- A cell: one limit evaluated in one call, on its record in its node's state (created if new).
--- Cells live with the cached policy (prepare_policy) and are reset on each use: scripts never run
--- concurrently, and a table that already has its fields costs nothing to fill.
+-- A cell: one limit evaluated in one call, on its record. Cells live with the cached policy and are
+-- reset on each use: scripts never run concurrently, and a table that has its fields costs nothing to fill.
 local function new_cell(lim, st, now, x)
-  local id, kind = lim.id, lim.kind
-  local v = st.recs[id]
-  if not v then
-    if kind == 'w' then
-      v = {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}      -- newest none, total 0, SLOTS empty buckets
-    elseif kind == 'b' then
-      v = {lim.b, now}
-    else
-      v = {0, 0}
-    end
-    st.recs[id], st.kinds[id] = v, kind
-  end
   local c = lim.cell
-  c.st, c.v, c.x = st, v, x
-  c.slot = kind == 'w' and math.floor(now / lim.g) or 0
-  c.oldest, c.tokens, c.start, c.used, c.remaining, c.ok, c.retry, c.reset = 0, 0, 0, 0, 0, true, 0, 0
-  return c
+  c.st, c.v, c.x = st, lim.v, x
+  c.slot = lim.kind == 'w' and math.floor(now / lim.g) or 0
+  return c                                             -- evaluate() sets the rest
 end
 
 -- Decoded agent policies, by their text (decoding is the costliest step of a check), with what can be
--- derived once: each limit's kind, bucket size and cell, and the ids of each level's counted limits.
+-- derived once: each limit's kind, bucket size, record and cell; each level's counted limits by id.
 local POLICY_CACHE_SIZE = 10000
 local policy_cache, policy_cached = {}, 0
 local function decode_policy(blob)
@@ -146,13 +163,20 @@ local function decode_policy(blob)
   if policy then return policy end
   if policy_cached >= POLICY_CACHE_SIZE then policy_cache, policy_cached = {}, 0 end
   policy = cjson.decode(blob)
-  policy.keep = {{}, {}, {}, {}}
+  policy.levels, policy.by_id, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
+  for level = 1, 4 do policy.states[level] = {key = false, dirty = false, renew = false} end
   for _, lim in ipairs(policy.l) do
     lim.kind = lim.m == 'concurrency' and 'c' or kind_of(lim)
     lim.g = lim.w and math.ceil(lim.w / BUCKETS) or 0
+    lim.v = lim.kind == 'w' and {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {0, 0}
+    lim.present = false
     lim.cell = {lim = lim, st = false, v = false, x = 0, slot = 0, oldest = 0, tokens = 0, start = 0, used = 0,
                 remaining = 0, ok = true, retry = 0, reset = 0}
-    if lim.kind ~= 'c' then policy.keep[lim.lv][lim.id] = true end
+    if lim.kind ~= 'c' then
+      local level = policy.levels[lim.lv]
+      level[#level + 1] = lim
+      policy.by_id[lim.lv][lim.id] = lim
+    end
   end
   policy_cache[blob], policy_cached = policy, policy_cached + 1
   return policy
@@ -255,6 +279,7 @@ local function charge(c, now)
     renew = c.used == 0
     v[1], v[2] = c.start, c.used + c.x
   end
+  c.lim.present = true
   st.dirty = true
   st.renew = st.renew or renew
 end
@@ -298,6 +323,7 @@ local function adjust(st, lim, checked, delta, now)
     local used = v[1] == start and v[2] or 0
     if start == period_bounds(lim.p, checked) or delta > 0 then v[1], v[2] = start, math.max(0, used + delta) end
   end
+  lim.present = true
   st.dirty, st.renew = true, true
 end
 
@@ -316,16 +342,17 @@ end
 -- Every value must already be text or a small integer (no number formatting on the hot path).
 local function usage_event(kind, p, tool, model, requests, credits, tokens, input, output, cost, est_tokens,
                            est_cost, now, reservation, unsettled)
-  return table.concat({kind, p[1], p[2], p[3], p[4], tool, model, requests, credits, tokens, input, output, cost,
-    est_tokens, est_cost, now, reservation, unsettled}, '|')
+  return kind .. '|' .. p[1] .. '|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
+    .. requests .. '|' .. credits .. '|' .. tokens .. '|' .. input .. '|' .. output .. '|' .. cost .. '|'
+    .. est_tokens .. '|' .. est_cost .. '|' .. now .. '|' .. reservation .. '|' .. unsettled
 end
 
 -- Reservation records (hash field = id):
 --   o|team|user|agent|tool|model|est_tokens|est_cost|checked_ms|charged   open: waiting for its settlement
 --   s|tokens|cost|est_tokens|est_cost|settled_ms                            settled (kept to answer repeats)
 --   x|est_tokens|est_cost|expired_ms                                        expired unsettled
--- The queue is a list of "deadline_ms:id": every entry is pushed at now + the same TTL, so it is in
--- deadline order without sorting (pushing to a list costs a tenth of adding to a sorted set).
+-- The queue is a list of "pushed_ms:id", pushed as things happen: its entries fall due (pushed + TTL)
+-- in the order they are in, without sorting (pushing to a list costs a tenth of adding to a sorted set).
 
 -- Expire what is due among the first `n` entries of the queue: an open reservation counts at its
 -- estimate and is reported once as an unsettled usage event; a record past its TTL is deleted.
@@ -334,18 +361,18 @@ local function sweep(res_key, queue_key, stream_key, org, now, n, ttl)
   local done, expired = 0, 0
   for _, entry in ipairs(entries) do
     local colon = string.find(entry, ':', 1, true)
-    if tonumber(string.sub(entry, 1, colon - 1)) > now then break end    -- the rest are later
+    if tonumber(string.sub(entry, 1, colon - 1)) + ttl > now then break end    -- the rest are later
     done = done + 1
     local id = string.sub(entry, colon + 1)
     local rec = redis.call('HGET', res_key, id)
     if rec then
       local f = split(rec, '|')
       if f[1] == 'o' then
-        local now_text = int(now)
+        local now_text = int(now)                      -- (not the hot path)
         redis.call('XADD', stream_key, '*', 'e', usage_event('expire', {org, f[2], f[3], f[4]}, f[5], f[6], '0',
           '0', f[7], '0', '0', f[8], f[7], f[8], now_text, id, '1'))
         redis.call('HSET', res_key, id, 'x|' .. f[7] .. '|' .. f[8] .. '|' .. now_text)
-        redis.call('RPUSH', queue_key, int(now + ttl) .. ':' .. id)
+        redis.call('RPUSH', queue_key, now_text .. ':' .. id)
         expired = expired + 1
       elseif tonumber(f[#f]) + ttl <= now then
         redis.call('HDEL', res_key, id)                -- settled or expired long enough ago

@@ -20,7 +20,7 @@
 -- Returns JSON {"s": "settled"|"repeat"|"expired"|"unknown", "tokens", "cost", "est_tokens", "est_cost"}
 -- (numbers as text: cost in nano-USD).
 
-local now = now_ms(ARGV[1])
+local now, now_text = now_ms(ARGV[1])
 local id = ARGV[2]
 local input, output = tonumber(ARGV[3]), tonumber(ARGV[4])
 assert(input and input >= 0 and output and output >= 0, 'token counts must be numbers >= 0')
@@ -43,36 +43,32 @@ if prices then
 end
 local actual = {tokens = tokens, cost = cost}
 
-local limits, policy_limits, keep = {}, {}, {{}, {}, {}, {}}
+local policy = nil
 local blob = redis.call('GET', KEYS[2])
-if blob then
-  local policy = decode_policy(blob)
-  policy_limits, keep = policy.l, policy.keep
-  for _, lim in ipairs(policy_limits) do limits[lim.id] = lim end
-end
+if blob then policy = decode_policy(blob) end
 local estimate = {tokens = est_tokens, cost = est_cost}
 local checked = tonumber(f[9])
 local states = {}
-for charge_text in string.gmatch(f[10] or '', '[^;]+') do
+for charge_text in string.gmatch(policy and f[10] or '', '[^;]+') do
   local c = split(charge_text, ',')                  -- limit id, level
-  local lim = limits[c[1]]
+  local level = tonumber(c[2])
+  local lim = policy.by_id[level][c[1]]
   if lim then
     local delta = actual[lim.m] - estimate[lim.m]
     if delta ~= 0 then
-      local level = tonumber(c[2])
-      states[level] = states[level] or read_state(KEYS[2 + level])
+      states[level] = states[level] or read_state(policy, level, KEYS[2 + level], now)
       adjust(states[level], lim, checked, delta, now)
     end
   end
 end
 if next(states) then
-  local ttl = level_ttls(policy_limits, now)
-  for level, st in pairs(states) do write_state(st, keep[level], ttl[level]) end
+  local ttl = level_ttls(policy.l, now)
+  for level in pairs(states) do write_state(policy, level, ttl[level]) end
 end
 
-redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost), int(now)}, '|'))
-redis.call('RPUSH', KEYS[8], int(now + tonumber(ARGV[5])) .. ':' .. id)
+redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost), now_text}, '|'))
+redis.call('RPUSH', KEYS[8], now_text .. ':' .. id)
 redis.call('XADD', KEYS[9], '*', 'e', usage_event('settle', {ARGV[6], team, user, agent}, tool, model, '0', '0',
-  int(tokens), int(input), int(output), int(cost), f[7], f[8], int(now), id, '0'))
+  int(tokens), int(input), int(output), int(cost), f[7], f[8], now_text, id, '0'))
 return cjson.encode({s = 'settled', tokens = int(tokens), cost = int(cost), est_tokens = int(est_tokens),
   est_cost = int(est_cost)})

@@ -4,7 +4,7 @@
 --
 -- KEYS (one org's hash tag):
 --   1 aq:{org}:r       open reservations: id -> record
---   2 aq:{org}:rq      reservation queue ("deadline_ms:id", in deadline order)
+--   2 aq:{org}:rq      reservation queue ("pushed_ms:id", due in the order pushed)
 --   3 aq:{org}:usage   usage stream
 -- ARGV:
 --   1 now_ms         "" for the server's TIME
