@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
-from bench import engine_check
+from bench import engine_check, engine_instructions
 
-BENCHMARKS = {"engine": engine_check}
+BENCHMARKS = {"engine": engine_check, "instructions": engine_instructions}
 
 
 def main(names: list[str]) -> int:
