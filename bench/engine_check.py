@@ -106,10 +106,16 @@ def run() -> dict:
             "(d) engine check, 8 limits": lambda: engine.check(org="bench", agent="agent-x", tokens=100),
         }
         samples: dict[str, list[float]] = {name: [] for name in cases}
+        server: dict[str, list[float]] = {name: [] for name in cases}
+        script_command = {"(a) trivial EVALSHA, 1 key": "cmdstat_evalsha", "(d) engine check, 8 limits": "cmdstat_fcall"}
         for _ in range(ROUNDS):  # interleaved rounds: a noisy neighbour hurts every case alike
             for name, fn in cases.items():
+                client.config_resetstat()
                 samples[name].extend(latencies_us(fn, n=PER_ROUND, warmup=100))
+                if name in script_command:  # the server's own time for the script, from its commandstats
+                    server[name].append(client.info("commandstats")[script_command[name]]["usec_per_call"])
         results["latency"] = {name: summary(values) for name, values in samples.items()}
+        results["server_us"] = {name: min(values) for name, values in server.items() if values}
 
         # Throughput of (d) with 1 and 4 client processes (each on its own agent's counters and the shared ones).
         context = multiprocessing.get_context("spawn")
@@ -179,6 +185,9 @@ def report(results: dict) -> str:
     lines = [
         "Engine check latency (microseconds, one client, loopback)",
         table(["case", "p50", "p99", "p50 vs (a)"], rows),
+        "server time per call (best round): " + "; ".join(
+            f"{name.split(')')[0]}) {value:.0f} us" for name, value in results["server_us"].items()
+        ) + ": the rest of each p50 is the client and the loopback",
         "",
         f"(d) throughput: 1 process {results['throughput'][1]:,.0f} checks/s; "
         f"4 processes {results['throughput'][4]:,.0f} checks/s",
