@@ -33,6 +33,7 @@ from .decision import (
     LimitState,
     PolicyNotLoaded,
     QuotaBackendUnavailable,
+    QuotaError,
     QuotaExceeded,
     Settlement,
     UnknownAgent,
@@ -41,7 +42,7 @@ from .decision import (
     UnknownReservation,
 )
 from .keys import Keys
-from .scripts import Scripts
+from .scripts import Scripts, function_name
 
 log = logging.getLogger("quotas.engine")
 
@@ -174,6 +175,83 @@ class QuotaEngine:
             estimated_cost=nanos_to_usd(result["est_cost"]),
         )
 
+    def check_many(self, *, org: str, checks: list[dict]) -> list[Decision | QuotaError]:
+        """Several checks of one org, each decided on its own, sent in one round trip (a pipeline).
+
+        ``checks`` are dicts of ``check``'s arguments (agent, tool, model, tokens). Each result is a
+        Decision, or the QuotaError (UnknownAgent, ...) that ``check`` would have raised for it. An
+        agent met for the first time, or moved by a policy edit, costs one more round trip for its
+        checks only.
+        """
+        results: list = [None] * len(checks)
+        pending = list(range(len(checks)))
+        for item in checks:
+            _check_count("tokens", item.get("tokens", 0))
+        resynced = False
+        for _ in range(4):
+            if not pending:
+                break
+            sent = []
+            with self.client.pipeline(transaction=False) as pipe:
+                for i in pending:
+                    item = checks[i]
+                    known = self._known.get((org, item["agent"])) or self._placeholder(org, item["agent"])
+                    args = ["check", self._now(), " ".join(known.path), item.get("tool") or "",
+                            item.get("model") or "", item.get("tokens", 0), self._new_id(known.path),
+                            self.reservation_ttl_ms, self.sweep_per_check, known.version]
+                    pipe.execute_command("FCALL", function_name("check"), len(known.check_keys), *known.check_keys,
+                                         *args)
+                    sent.append((i, known))
+                try:
+                    replies = pipe.execute(raise_on_error=False)
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    if self.fail_mode == "closed":
+                        raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc
+                    self.fail_open_admits += len(pending)
+                    log.warning("Redis unreachable: admitting %d checks of %s without a check (fail-open)",
+                                len(pending), org)
+                    for i in pending:
+                        results[i] = Decision(True, degraded=True)
+                    return results
+            retry_later, missing = [], False
+            for (i, known), reply in zip(sent, replies):
+                agent = checks[i]["agent"]
+                if isinstance(reply, redis.exceptions.ResponseError):
+                    if "Function not found" not in str(reply):
+                        raise reply
+                    self._scripts.load()
+                    retry_later.append(i)
+                    continue
+                status = reply[0] = _text(reply[0])
+                if status == "stale":
+                    self._learn(org, agent, reply[1], reply[2])
+                    retry_later.append(i)
+                elif status == "missing":
+                    missing = True
+                    retry_later.append(i)
+                elif status == "unknown":
+                    self._known.pop((org, agent), None)
+                    results[i] = UnknownAgent(org, agent)
+                else:
+                    if reply[2]:
+                        known = self._learn(org, agent, reply[1], reply[2])
+                    results[i] = self._decision("check", reply, known)
+            if missing:
+                if resynced or self.on_policy_missing is None:
+                    error = PolicyNotLoaded(org) if self.on_policy_missing is None else UnknownOrg(org)
+                    for i in retry_later:
+                        results[i] = error
+                    return results
+                resynced = True
+                if not self.on_policy_missing(org):
+                    for i in retry_later:
+                        results[i] = UnknownOrg(org)
+                    return results
+            pending = retry_later
+        for i in pending:  # pragma: no cover - a policy changing under every attempt
+            results[i] = QuotaError(f"the policy of {org}/{checks[i]['agent']} kept changing under the check")
+        return results
+
     def acquire(self, *, org: str, agent: str, tool: str | None = None, model: str | None = None, tokens: int = 0,
                 timeout: float = 30.0) -> "Admitted":
         """Check, and if refused sleep for the decision's retry_after (with jitter) and check again.
@@ -262,6 +340,10 @@ class QuotaEngine:
             self.fail_open_admits += 1
             log.warning("Redis unreachable: admitting %s/%s %s without a check (fail-open)", org, agent, tool or "")
             return Decision(True, degraded=True)
+        return self._decision(mode, reply, known)
+
+    @staticmethod
+    def _decision(mode: str, reply: list, known: _Known) -> Decision:
         retry = int(reply[3])
         allowed = reply[0] == "ok"
         return Decision(

@@ -188,3 +188,19 @@ def test_server_time_is_used_when_no_clock_is_given(engine, install, redis_clien
     event = parse_event(fields)
     assert before - 1000 <= event.ts_ms <= after + 1000  # the same machine's clock, give or take
     assert abs(event.ts_ms - int(entry_id.split("-")[0])) <= 1  # the stream id is also server time
+
+
+def test_check_many_decides_each_on_its_own_in_one_round_trip(engine, install):
+    install(agent=[lim("requests", 2, "1m")])
+    install(agent=[lim("requests", 1, "1m")], path=("acme", "eng", "bob", "agent-2"))
+    results = engine.check_many(org="acme", checks=[
+        {"agent": "agent-1"}, {"agent": "agent-2", "tool": "llm_call", "tokens": 5}, {"agent": "agent-2"},
+        {"agent": "agent-9"}, {"agent": "agent-1"}, {"agent": "agent-1"},
+    ])
+    assert [getattr(result, "allowed", type(result).__name__) for result in results] == [
+        True, True, False, "UnknownAgent", True, False,
+    ]
+    assert results[2].blocked_by.node == "agent-2" and results[2].retry_after_ms > 0
+    assert results[1].reservation.endswith(".eng.bob.agent-2")
+    # the same checks one by one would now be refused: the batch charged what it admitted
+    assert not engine.check(org="acme", agent="agent-1").allowed

@@ -1,0 +1,1 @@
+"""The check API (v1): DRF views over the engine. See the README's "Check API" section."""

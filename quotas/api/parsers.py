@@ -1,0 +1,38 @@
+"""JSON bodies: at most 64 KiB, an object, and errors that say what is wrong."""
+
+from __future__ import annotations
+
+import json
+
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import BaseParser
+
+MAX_BODY_BYTES = 64 * 1024
+
+
+class BodyTooLarge(ParseError):
+    default_code = "body_too_large"
+
+
+class StrictJSONParser(BaseParser):
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        request = (parser_context or {}).get("request")
+        length = request.META.get("CONTENT_LENGTH") if request is not None else None
+        if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"body: over {MAX_BODY_BYTES // 1024} KiB")
+        raw = stream.read(MAX_BODY_BYTES + 1) if stream is not None else b""
+        if len(raw) > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"body: over {MAX_BODY_BYTES // 1024} KiB")
+        try:
+            data = json.loads(raw.decode("utf-8") or "null", parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ParseError(f"body: not valid JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ParseError("body: expected a JSON object")
+        return data
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")

@@ -1,0 +1,157 @@
+"""Request validation (strict: unknown fields and non-integers are errors) and response shapes (for the schema)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from quotas.models.fields import model_name_validator, slug_validator
+
+MAX_TOKENS = 10**9
+MAX_BATCH = 100
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer, never a string, float or boolean."""
+
+    default_error_messages = {"invalid": "must be a whole number (a JSON integer)"}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictSerializer(serializers.Serializer):
+    """Rejects fields it does not know, naming them and what it expects."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            expected = ", ".join(self.fields)
+            raise serializers.ValidationError({name: [f"unknown field; expected {expected}"] for name in unknown})
+        return super().to_internal_value(data)
+
+
+def agent_field():
+    return serializers.CharField(max_length=64, validators=[slug_validator], help_text="The agent's id, e.g. agent-1.")
+
+
+class CheckInput(StrictSerializer):
+    agent = agent_field()
+    tool = serializers.CharField(max_length=64, required=False, allow_null=True, validators=[slug_validator],
+                                 help_text="The tool about to be called (its weight is the call's credits).")
+    model = serializers.CharField(max_length=100, required=False, allow_null=True, validators=[model_name_validator],
+                                  help_text="The model about to be called (its price gives the cost).")
+    tokens = StrictIntegerField(min_value=0, max_value=MAX_TOKENS, required=False, default=0,
+                                help_text="Estimated tokens; settled later with POST /api/v1/usage.")
+
+
+class CheckBatchInput(StrictSerializer):
+    checks = serializers.ListField(child=CheckInput(), min_length=1, max_length=MAX_BATCH,
+                                   help_text=f"Up to {MAX_BATCH} checks, each decided on its own.")
+
+
+class UsageInput(StrictSerializer):
+    reservation = serializers.CharField(max_length=300, help_text="The id a check returned.")
+    input_tokens = StrictIntegerField(min_value=0, max_value=MAX_TOKENS)
+    output_tokens = StrictIntegerField(min_value=0, max_value=MAX_TOKENS)
+
+
+class LeaseInput(StrictSerializer):
+    agent = agent_field()
+    ttl_s = StrictIntegerField(min_value=1, max_value=86400, required=False, default=300,
+                               help_text="Seconds until the slot frees itself unless renewed.")
+
+
+class LeaseRenewInput(StrictSerializer):
+    ttl_s = StrictIntegerField(min_value=1, max_value=86400, required=False, default=300)
+
+
+class PeekQuery(StrictSerializer):
+    tool = serializers.CharField(max_length=64, required=False, validators=[slug_validator])
+    model = serializers.CharField(max_length=100, required=False, validators=[model_name_validator])
+    tokens = serializers.IntegerField(min_value=0, max_value=MAX_TOKENS, required=False, default=0)
+
+
+class DailySpendQuery(StrictSerializer):
+    GROUPS = ("team", "user", "agent", "model", "tool")
+    # "from" is a Python keyword: declared through the class namespace.
+    locals()["from"] = serializers.DateField(help_text="First day, YYYY-MM-DD (UTC).")
+    to = serializers.DateField(help_text="Last day, YYYY-MM-DD (UTC), inclusive.")
+    group_by = serializers.ChoiceField(choices=GROUPS, required=False, default="team")
+    format = serializers.ChoiceField(choices=("json",), required=False, default="json")
+
+    def validate(self, data):
+        if data["from"] > data["to"]:
+            raise serializers.ValidationError({"to": ["must not be before from"]})
+        if (data["to"] - data["from"]).days > 366:
+            raise serializers.ValidationError({"to": ["at most 366 days after from"]})
+        return data
+
+
+# -- responses (documentation; the views build plain dicts) ---------------------------------
+
+
+class LimitOutput(serializers.Serializer):
+    level = serializers.ChoiceField(choices=("org", "team", "user", "agent"))
+    node = serializers.CharField()
+    metric = serializers.ChoiceField(choices=("requests", "credits", "tokens", "cost", "concurrency"))
+    limit = serializers.FloatField(help_text="USD for cost, whole units otherwise.")
+    remaining = serializers.FloatField()
+    window = serializers.CharField(allow_null=True, help_text="30s, 5m, 1h, 1d... or day / month; null for concurrency.")
+    tool = serializers.CharField(allow_null=True)
+    model = serializers.CharField(allow_null=True)
+    reset_ms = serializers.IntegerField(help_text="Until what is used now has left the window.")
+    shadow = serializers.BooleanField()
+
+
+class CheckAllowedOutput(serializers.Serializer):
+    allowed = serializers.BooleanField()
+    reservation = serializers.CharField(allow_null=True)
+    limits = LimitOutput(many=True)
+    would_block = LimitOutput(many=True, help_text="Shadow limits that would have blocked.")
+
+
+class CheckDeniedOutput(serializers.Serializer):
+    allowed = serializers.BooleanField()
+    blocked_by = LimitOutput()
+    retry_after_ms = serializers.IntegerField(allow_null=True, help_text="null: the request can never pass.")
+    limits = LimitOutput(many=True)
+
+
+class CheckBatchOutput(serializers.Serializer):
+    results = serializers.ListField(child=serializers.DictField(),
+                                    help_text="One per check, in order: a check answer, or an error object.")
+
+
+class UsageOutput(serializers.Serializer):
+    reservation = serializers.CharField()
+    status = serializers.ChoiceField(choices=("settled", "repeat", "expired"))
+    tokens = serializers.IntegerField(allow_null=True)
+    cost = serializers.FloatField(allow_null=True)
+    estimated_tokens = serializers.IntegerField()
+    estimated_cost = serializers.FloatField()
+
+
+class LeaseOutput(serializers.Serializer):
+    lease = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+
+
+class QuotaOutput(serializers.Serializer):
+    agent = serializers.CharField()
+    limits = LimitOutput(many=True)
+
+
+class DailySpendOutput(serializers.Serializer):
+    locals()["from"] = serializers.DateField()
+    to = serializers.DateField()
+    group_by = serializers.CharField()
+    rows = serializers.ListField(child=serializers.DictField())
+
+
+class ErrorOutput(serializers.Serializer):
+    error = serializers.CharField()
+    detail = serializers.CharField()

@@ -1,0 +1,208 @@
+"""The check API (v1): one view per operation. Views validate, call the engine, answer."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from quotas.api import serializers as s
+from quotas.api.errors import not_found
+from quotas.api.headers import ratelimit_headers
+from quotas.engine import Decision, LimitState, QuotaError, QuotaExceeded, UnknownAgent, UnknownLease, UnknownReservation
+from quotas.services.engine import get_engine
+
+ERRORS = {
+    400: OpenApiResponse(s.ErrorOutput, description="Bad input: `detail` names the field."),
+    401: OpenApiResponse(s.ErrorOutput, description="Missing, unknown or revoked API key."),
+    503: OpenApiResponse(s.ErrorOutput, description="Redis unreachable (fail-closed mode)."),
+}
+LIMIT_EXAMPLE = {"level": "agent", "node": "agent-1", "metric": "tokens", "limit": 25000, "remaining": 23000,
+                 "window": "1h", "tool": None, "model": None, "reset_ms": 3600000, "shadow": False}
+
+
+def validated(serializer_class, data) -> dict:
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+def limit_json(limit: LimitState) -> dict:
+    return {
+        "level": limit.level, "node": limit.node, "metric": limit.metric, "limit": limit.limit,
+        "remaining": limit.remaining, "window": limit.window, "tool": limit.tool, "model": limit.model,
+        "reset_ms": limit.reset_ms, "shadow": limit.shadow,
+    }
+
+
+def decision_json(decision: Decision) -> dict:
+    limits = [limit_json(limit) for limit in decision.limits]
+    if decision.allowed:
+        body = {"allowed": True, "reservation": decision.reservation, "limits": limits,
+                "would_block": [limit_json(limit) for limit in decision.would_block]}
+    else:
+        body = {"allowed": False, "blocked_by": limit_json(decision.blocked_by),
+                "retry_after_ms": decision.retry_after_ms, "limits": limits}
+    if decision.degraded:
+        body["degraded"] = True  # fail-open: admitted without Redis
+    return body
+
+
+def unknown_agent(agent: str):
+    return not_found(f"no agent {agent!r} in this organization")
+
+
+def ms_to_iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class CheckView(APIView):
+    @extend_schema(
+        summary="Check and charge every limit that applies to a call",
+        request=s.CheckInput,
+        responses={200: s.CheckAllowedOutput,
+                   429: OpenApiResponse(s.CheckDeniedOutput, description="Refused: nothing was charged."),
+                   404: OpenApiResponse(s.ErrorOutput, description="No such agent in this organization."), **ERRORS},
+        examples=[
+            OpenApiExample("an LLM call", request_only=True,
+                           value={"agent": "agent-1", "tool": "llm_call", "model": "gpt-4o", "tokens": 2000}),
+            OpenApiExample("allowed", response_only=True, status_codes=["200"],
+                           value={"allowed": True, "reservation": "5f0c9a1b2c3d4e5f.engineering.alice.agent-1",
+                                  "limits": [LIMIT_EXAMPLE], "would_block": []}),
+            OpenApiExample("refused", response_only=True, status_codes=["429"],
+                           value={"allowed": False, "blocked_by": LIMIT_EXAMPLE, "retry_after_ms": 1200,
+                                  "limits": [LIMIT_EXAMPLE]}),
+        ],
+    )
+    def post(self, request):
+        data = validated(s.CheckInput, request.data)
+        try:
+            decision = get_engine().check(org=request.user.org, **data)
+        except UnknownAgent:
+            raise unknown_agent(data["agent"]) from None
+        return Response(decision_json(decision), status=200 if decision.allowed else 429,
+                        headers=ratelimit_headers(decision))
+
+
+class CheckBatchView(APIView):
+    @extend_schema(
+        summary="Up to 100 checks in one request (one Redis round trip), each decided on its own",
+        request=s.CheckBatchInput,
+        responses={200: s.CheckBatchOutput, **ERRORS},
+        examples=[OpenApiExample("two checks", request_only=True, value={"checks": [
+            {"agent": "agent-1", "tool": "web_search"}, {"agent": "agent-2", "model": "gpt-4o", "tokens": 500}]})],
+    )
+    def post(self, request):
+        checks = validated(s.CheckBatchInput, request.data)["checks"]
+        results = []
+        for item, result in zip(checks, get_engine().check_many(org=request.user.org, checks=checks)):
+            if isinstance(result, UnknownAgent):
+                results.append({"error": "not_found", "detail": f"no agent {item['agent']!r} in this organization"})
+            elif isinstance(result, QuotaError):
+                results.append({"error": "quota_error", "detail": str(result)})
+            else:
+                results.append(decision_json(result))
+        return Response({"results": results})
+
+
+class UsageView(APIView):
+    @extend_schema(
+        summary="Settle a reservation with the actual tokens (idempotent)",
+        request=s.UsageInput,
+        responses={200: s.UsageOutput, 404: OpenApiResponse(s.ErrorOutput, description="Unknown reservation."),
+                   **ERRORS},
+        examples=[OpenApiExample("settle", request_only=True, value={
+            "reservation": "5f0c9a1b2c3d4e5f.engineering.alice.agent-1", "input_tokens": 1200, "output_tokens": 640})],
+    )
+    def post(self, request):
+        data = validated(s.UsageInput, request.data)
+        try:
+            settled = get_engine().settle(org=request.user.org, **data)
+        except UnknownReservation:
+            raise not_found(f"no reservation {data['reservation']!r} (never made, or settled or expired long ago)") from None
+        return Response({
+            "reservation": settled.reservation, "status": settled.status, "tokens": settled.tokens,
+            "cost": settled.cost, "estimated_tokens": settled.estimated_tokens, "estimated_cost": settled.estimated_cost,
+        })
+
+
+class LeaseCreateView(APIView):
+    @extend_schema(
+        summary="Take a concurrency slot (in every concurrency limit on the agent's path, or none)",
+        request=s.LeaseInput,
+        responses={201: s.LeaseOutput,
+                   429: OpenApiResponse(s.CheckDeniedOutput, description="A concurrency limit is full."),
+                   404: OpenApiResponse(s.ErrorOutput, description="No such agent."), **ERRORS},
+        examples=[OpenApiExample("a run", request_only=True, value={"agent": "agent-1", "ttl_s": 300})],
+    )
+    def post(self, request):
+        data = validated(s.LeaseInput, request.data)
+        try:
+            lease = get_engine().lease(org=request.user.org, agent=data["agent"], ttl_s=data["ttl_s"])
+        except UnknownAgent:
+            raise unknown_agent(data["agent"]) from None
+        except QuotaExceeded as refused:
+            return Response(decision_json(refused.decision), status=429, headers=ratelimit_headers(refused.decision))
+        return Response({"lease": lease.id, "expires_at": ms_to_iso(lease.expires_at_ms)}, status=201)
+
+
+class LeaseDetailView(APIView):
+    @extend_schema(summary="Release a lease", request=None,
+                   responses={204: None, 404: OpenApiResponse(s.ErrorOutput, description="Not held."), **ERRORS})
+    def delete(self, request, lease: str):
+        try:
+            released = get_engine().lease_release(org=request.user.org, lease=lease)
+        except UnknownLease:
+            released = False
+        if not released:
+            raise not_found(f"lease {lease!r} is not held (released, expired, or never granted)")
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class LeaseRenewView(APIView):
+    @extend_schema(summary="Renew a lease for ttl_s more seconds", request=s.LeaseRenewInput,
+                   responses={200: s.LeaseOutput, 404: OpenApiResponse(s.ErrorOutput, description="Not held."),
+                              **ERRORS})
+    def post(self, request, lease: str):
+        data = validated(s.LeaseRenewInput, request.data or {})
+        try:
+            expires = get_engine().lease_renew(org=request.user.org, lease=lease, ttl_s=data["ttl_s"])
+        except UnknownLease:
+            raise not_found(f"lease {lease!r} is not held (released, expired, or never granted)") from None
+        return Response({"lease": lease, "expires_at": ms_to_iso(expires)})
+
+
+class AgentQuotaView(APIView):
+    @extend_schema(summary="Every limit that applies to an agent, with what remains (consumes nothing)",
+                   parameters=[s.PeekQuery], responses={200: s.QuotaOutput, 404: s.ErrorOutput, **ERRORS})
+    def get(self, request, agent: str):
+        query = validated(s.PeekQuery, request.query_params.dict())
+        try:
+            decision = get_engine().peek(org=request.user.org, agent=agent, **query)
+        except UnknownAgent:
+            raise unknown_agent(agent) from None
+        return Response({"agent": agent, "limits": [limit_json(limit) for limit in decision.limits]},
+                        headers=ratelimit_headers(decision))
+
+
+class DailySpendView(APIView):
+    @extend_schema(summary="Spend per day, grouped by team, user, agent, model or tool",
+                   parameters=[s.DailySpendQuery], responses={200: s.DailySpendOutput, **ERRORS})
+    def get(self, request):
+        query = validated(s.DailySpendQuery, request.query_params.dict())
+        # The spend pipeline (usage stream -> rollups) comes with issue 5; until then no rows.
+        return Response({"from": query["from"], "to": query["to"], "group_by": query["group_by"], "rows": []})
+
+
+class PingView(APIView):
+    """A trivial JSON view: the benchmark's baseline for the cost of the web stack itself."""
+
+    authentication_classes: list = []
+    permission_classes: list = []
+
+    @extend_schema(exclude=True)
+    def get(self, request):
+        return Response({"ok": True})
