@@ -273,7 +273,8 @@ class Launcher:
         raise LaunchError(f"web is not accepting connections on port {port} after {timeout:.0f}s")
 
     def banner(self, port: int) -> None:
-        lines = ["", "=" * 72, "agent-quotas is running", f"  admin: http://127.0.0.1:{port}/admin/"]
+        lines = ["", "=" * 72, "agent-quotas is running", f"  admin:    http://127.0.0.1:{port}/admin/",
+                 f"  API docs: http://127.0.0.1:{port}/api/docs/"]
         credentials = self.var / "demo-credentials.txt"
         if credentials.exists():
             lines += [f"  demo credentials ({credentials}):"]
