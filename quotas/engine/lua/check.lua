@@ -117,7 +117,7 @@ local charged = {}
 for _, c in ipairs(cells) do
   local lim = c.lim
   charge(c, now)
-  if (lim.m == 'tokens' or lim.m == 'cost') and c.x > 0 then
+  if lim.m == 'tokens' or lim.m == 'cost' then          -- settle corrects these, even from an estimate of 0
     charged[#charged + 1] = lim.id .. ',' .. LEVEL_TEXT[lim.lv]
   end
 end

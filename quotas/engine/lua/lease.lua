@@ -35,7 +35,7 @@ if op == 'renew' then
     local score = redis.call('ZSCORE', KEYS[i], lease)
     if score and tonumber(score) > now then
       redis.call('ZADD', KEYS[i], now + ttl, lease)
-      redis.call('PEXPIRE', KEYS[i], ttl + 1000)
+      if redis.call('PTTL', KEYS[i]) < ttl + 1000 then redis.call('PEXPIRE', KEYS[i], ttl + 1000) end
       held = held + 1
     end
   end
@@ -72,7 +72,7 @@ local status, expiry = 'full', ''
 if blocked == 0 then
   for key in pairs(slots) do
     redis.call('ZADD', key, now + ttl, lease)
-    redis.call('PEXPIRE', key, ttl + 1000)
+    if redis.call('PTTL', key) < ttl + 1000 then redis.call('PEXPIRE', key, ttl + 1000) end  -- never shorten
   end
   status, expiry = 'ok', now + ttl
 end

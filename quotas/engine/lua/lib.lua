@@ -83,63 +83,65 @@ local function kind_of(lim) return lim.b and 'b' or (lim.w and 'w' or 'p') end
 local function slot_index(b) return 3 + b % SLOTS end
 local RECORD_BYTES = {w = 9 + 8 * (2 + SLOTS), b = 9 + 16, p = 9 + 16}
 
--- A limit's record before anything was counted.
-local function clear_record(lim, now)
-  local v = lim.v
-  if lim.kind == 'w' then
+-- A record: one limit's counter state, {id, kind, v (the numbers), present, b}. An override and the
+-- limit it replaces share an id, so they share one record (their counts carry over when one takes
+-- the other's place). Records live with the cached policy and are filled in place on each call.
+local function clear_record(rec, now)
+  local v = rec.v
+  if rec.kind == 'w' then
     v[1] = -1
     for i = 2, 2 + SLOTS do v[i] = 0 end
-  elseif lim.kind == 'b' then
-    v[1], v[2] = lim.b, now
+  elseif rec.kind == 'b' then
+    v[1], v[2] = rec.b, now
   else
     v[1], v[2] = 0, 0
   end
-  lim.present = false
+  rec.present = false
 end
 
--- Read a node's state into the records of the policy's limits of that level (arrays that live with
--- the cached policy, filled in place: no table is made per call). Records of limits the policy no
--- longer has are skipped, and dropped when the state is written back.
+-- Read a node's state into the records of the policy's limits of that level. Records of limits the
+-- policy no longer has are skipped, and dropped when the state is written back.
 local function read_state(policy, level, key, now)
   local st = policy.states[level]
-  st.key, st.dirty, st.renew = key, false, false
-  local limits, by_id = policy.levels[level], policy.by_id[level]
-  for i = 1, #limits do limits[i].present = false end
+  st.key, st.dirty, st.renew, st.min_ttl = key, false, false, 0
+  local records, by_id = policy.records[level], policy.by_id[level]
+  for i = 1, #records do records[i].present = false end
   local packed = redis.call('GET', key)
   local pos, len = 1, packed and #packed or 0
   while pos <= len do
     local id, kind, at = struct.unpack(HEAD_FMT, packed, pos)
-    local lim = by_id[id]
-    if lim and lim.kind == kind then
-      local v = lim.v
+    local rec = by_id[id]
+    if rec and rec.kind == kind then
+      local v = rec.v
       if kind == 'w' then
         v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], pos =
           struct.unpack(VALUES_FMT.w, packed, at)
       else
         v[1], v[2], pos = struct.unpack(VALUES_FMT[kind], packed, at)
       end
-      lim.present = true
+      rec.present = true
     else
       pos = pos + RECORD_BYTES[kind]
     end
   end
-  for i = 1, #limits do
-    if not limits[i].present then clear_record(limits[i], now) end
+  for i = 1, #records do
+    if not records[i].present then clear_record(records[i], now) end
   end
   return st
 end
 
--- Write a changed state back: the records of the level's limits that have one; with a new TTL when a
--- limit moved to a new bucket or period (`ttl` ms), else the TTL it has.
+-- Write a changed state back: the level's records that exist; with a new TTL (at least `ttl` ms, and
+-- long enough for every token bucket to refill) when a limit moved to a new bucket or period or is a
+-- token bucket, else the TTL it has.
 local function write_state(policy, level, ttl)
   local st, parts = policy.states[level], {}
-  for _, lim in ipairs(policy.levels[level]) do
-    if lim.present then parts[#parts + 1] = struct.pack(RECORD_FMT[lim.kind], lim.id, lim.kind, unpack(lim.v)) end
+  for _, rec in ipairs(policy.records[level]) do
+    if rec.present then parts[#parts + 1] = struct.pack(RECORD_FMT[rec.kind], rec.id, rec.kind, unpack(rec.v)) end
   end
   if #parts == 0 then
     redis.call('DEL', st.key)
   elseif st.renew then
-    redis.call('SET', st.key, table.concat(parts), 'PX', ttl)
+    redis.call('SET', st.key, table.concat(parts), 'PX', math.max(ttl or 0, st.min_ttl))
   else
     redis.call('SET', st.key, table.concat(parts), 'KEEPTTL')
   end
@@ -149,13 +151,13 @@ end
 -- reset on each use: scripts never run concurrently, and a table that has its fields costs nothing to fill.
 local function new_cell(lim, st, now, x)
   local c = lim.cell
-  c.st, c.v, c.x = st, lim.v, x
+  c.st, c.v, c.x = st, lim.rec.v, x
   c.slot = lim.kind == 'w' and math.floor(now / lim.g) or 0
   return c                                             -- evaluate() sets the rest
 end
 
 -- Decoded agent policies, by their text (decoding is the costliest step of a check), with what can be
--- derived once: each limit's kind, bucket size, record and cell; each level's counted limits by id.
+-- derived once: each limit's kind, bucket size, record and cell; each level's records by id.
 local POLICY_CACHE_SIZE = 10000
 local policy_cache, policy_cached = {}, 0
 local function decode_policy(blob)
@@ -163,19 +165,24 @@ local function decode_policy(blob)
   if policy then return policy end
   if policy_cached >= POLICY_CACHE_SIZE then policy_cache, policy_cached = {}, 0 end
   policy = cjson.decode(blob)
-  policy.levels, policy.by_id, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
-  for level = 1, 4 do policy.states[level] = {key = false, dirty = false, renew = false} end
+  policy.records, policy.by_id, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
+  for level = 1, 4 do policy.states[level] = {key = false, dirty = false, renew = false, min_ttl = 0} end
   for _, lim in ipairs(policy.l) do
     lim.kind = lim.m == 'concurrency' and 'c' or kind_of(lim)
     lim.g = lim.w and math.ceil(lim.w / BUCKETS) or 0
-    lim.v = lim.kind == 'w' and {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {0, 0}
-    lim.present = false
     lim.cell = {lim = lim, st = false, v = false, x = 0, slot = 0, oldest = 0, tokens = 0, start = 0, used = 0,
                 remaining = 0, ok = true, retry = 0, reset = 0}
     if lim.kind ~= 'c' then
-      local level = policy.levels[lim.lv]
-      level[#level + 1] = lim
-      policy.by_id[lim.lv][lim.id] = lim
+      local rec = policy.by_id[lim.lv][lim.id]
+      if not rec then
+        rec = {id = lim.id, kind = lim.kind, b = lim.b or 0, present = false, lims = {},
+               v = lim.kind == 'w' and {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {0, 0}}
+        policy.by_id[lim.lv][lim.id] = rec
+        local records = policy.records[lim.lv]
+        records[#records + 1] = rec
+      end
+      rec.lims[#rec.lims + 1] = lim
+      lim.rec = rec
     end
   end
   policy_cache[blob], policy_cached = policy, policy_cached + 1
@@ -270,16 +277,17 @@ end
 
 -- Charge the cell's x (evaluate() ran at the same `now`) into its node's state.
 local function charge(c, now)
-  local v, st, renew = c.v, c.st, true
-  if c.lim.b then
+  local v, st, renew, lim = c.v, c.st, true, c.lim
+  if lim.b then
     v[1], v[2] = c.tokens - c.x, now
+    st.min_ttl = math.max(st.min_ttl, math.ceil((lim.b - v[1]) * lim.w / lim.a) + 1000)  -- until refilled
   elseif c.lim.w then
     renew = window_add(c, c.slot, c.x)
   else
     renew = c.used == 0
     v[1], v[2] = c.start, c.used + c.x
   end
-  c.lim.present = true
+  lim.rec.present = true
   st.dirty = true
   st.renew = st.renew or renew
 end
@@ -310,6 +318,7 @@ local function adjust(st, lim, checked, delta, now)
   if lim.b then
     evaluate(c, now)                                   -- an extra charge goes into debt
     v[1], v[2] = math.min(lim.b, c.tokens - delta), now
+    st.min_ttl = math.max(st.min_ttl, math.ceil((lim.b - v[1]) * lim.w / lim.a) + 1000)
   elseif lim.w then
     window_used(c, now)
     local where = math.floor(checked / lim.g)
@@ -323,7 +332,7 @@ local function adjust(st, lim, checked, delta, now)
     local used = v[1] == start and v[2] or 0
     if start == period_bounds(lim.p, checked) or delta > 0 then v[1], v[2] = start, math.max(0, used + delta) end
   end
-  lim.present = true
+  lim.rec.present = true
   st.dirty, st.renew = true, true
 end
 

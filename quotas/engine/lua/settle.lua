@@ -48,11 +48,19 @@ local blob = redis.call('GET', KEYS[2])
 if blob then policy = decode_policy(blob) end
 local estimate = {tokens = est_tokens, cost = est_cost}
 local checked = tonumber(f[9])
+-- Correct each limit the check charged, with the policy in force now, on the nodes the check charged.
+-- A level whose node is not the agent's now (the agent moved) is left alone: the current policy does
+-- not describe that node's state.
+local charged_path = {ARGV[6], team, user, agent}
 local states = {}
 for charge_text in string.gmatch(policy and f[10] or '', '[^;]+') do
   local c = split(charge_text, ',')                  -- limit id, level
   local level = tonumber(c[2])
-  local lim = policy.by_id[level][c[1]]
+  local rec = policy.p[level] == charged_path[level] and policy.by_id[level][c[1]]
+  local lim = nil
+  for _, candidate in ipairs(rec and rec.lims or {}) do   -- an override, or what it replaces: the one in force
+    if active(candidate, now) then lim = candidate end
+  end
   if lim then
     local delta = actual[lim.m] - estimate[lim.m]
     if delta ~= 0 then
