@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
 
 from quotas.models import Agent, Limit, Member, ModelPrice, Organization, Override, Team, Tier, ToolCost
 from quotas.services.policy_sync import ALL, policy_sync_on_commit
@@ -23,9 +23,17 @@ def _orgs_of(instance) -> set:
     return {ALL}  # tiers, tool costs, model prices: every org may use them
 
 
+def _remember_old_org(sender, instance, raw=False, **kwargs):
+    """A team, user or agent moved to another org must leave the old org's policy too."""
+    if not raw and instance.pk:
+        instance._quotas_old_org_id = sender.objects.filter(pk=instance.pk).values_list("org_id", flat=True).first()
+
+
 def _on_save(sender, instance, raw=False, **kwargs):
     if not raw:
-        policy_sync_on_commit(_orgs_of(instance))
+        orgs = _orgs_of(instance)
+        old = getattr(instance, "_quotas_old_org_id", None)
+        policy_sync_on_commit(orgs | ({old} if old else set()))
 
 
 def _on_delete(sender, instance, **kwargs):
@@ -38,6 +46,8 @@ def _on_delete(sender, instance, **kwargs):
 
 
 def connect() -> None:
+    for model in (Team, Member, Agent):
+        pre_save.connect(_remember_old_org, sender=model, dispatch_uid=f"quotas-sync-old-org-{model.__name__}")
     for model in (Organization, Team, Member, Agent, Limit, Override, Tier, ToolCost, ModelPrice):
         post_save.connect(_on_save, sender=model, dispatch_uid=f"quotas-sync-save-{model.__name__}")
         post_delete.connect(_on_delete, sender=model, dispatch_uid=f"quotas-sync-delete-{model.__name__}")

@@ -167,3 +167,4 @@ def test_validation_catches_a_tier_for_another_level(tree):
 def test_slugs_are_validated(tree):
     org = tree[0]
     assert "slug" in messages_of(Team(org=org, slug="Bad Name"))
+    assert "slug" in messages_of(Team(org=org, slug="trailing-newline\n"))  # `$` would let it through

@@ -333,6 +333,10 @@ BAD_FILES = [
         "orgs[0].teams[0].users[0].id: 'Alice Smith' is not a valid name; use lowercase letters, digits, '-' and '_', e.g. 'agent-1'",
     ),
     (
+        mutate((*ALICE, "id"), "alice\n"),
+        "orgs[0].teams[0].users[0].id: 'alice\\n' is not a valid name; use lowercase letters, digits, '-' and '_', e.g. 'agent-1'",
+    ),
+    (
         mutate((*ALICE, "agentz"), []),
         "orgs[0].teams[0].users[0].agentz: unknown key; expected one of id, name, tier, limits, overrides, agents",
     ),

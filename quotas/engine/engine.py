@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import random
 import secrets
 import time
@@ -57,6 +58,18 @@ def _format_window(ms: int) -> str:
         if seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+-]{0,99}")
+
+
+def _check_name(kind: str, value: str | None) -> str:
+    """Ids end up in keys and in `|`-separated records: no spaces, separators or control characters."""
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise ValueError(f"{kind} {value!r} is not a valid name: letters, digits, '.', '_', '-', '/', '@', '+'")
+    return value
 
 
 def _check_count(name: str, value: int) -> int:
@@ -146,11 +159,11 @@ class QuotaEngine:
 
     def check(self, *, org: str, agent: str, tool: str | None = None, model: str | None = None, tokens: int = 0) -> Decision:
         """Charge every limit that applies, or none; say which blocked and when it would pass."""
-        return self._evaluate("check", org, agent, tool, model, _check_count("tokens", tokens))
+        return self._evaluate("check", org, agent, tool, model, tokens)
 
     def peek(self, *, org: str, agent: str, tool: str | None = None, model: str | None = None, tokens: int = 0) -> Decision:
         """Every limit that applies to the agent (concurrency included) and what remains; consumes nothing."""
-        return self._evaluate("peek", org, agent, tool, model, _check_count("tokens", tokens))
+        return self._evaluate("peek", org, agent, tool, model, tokens)
 
     def settle(self, *, org: str, reservation: str, input_tokens: int, output_tokens: int) -> Settlement:
         """Charge the actual tokens and cost of a reservation; refund or add the difference. Idempotent."""
@@ -187,6 +200,8 @@ class QuotaEngine:
         pending = list(range(len(checks)))
         for item in checks:
             _check_count("tokens", item.get("tokens", 0))
+            for kind in ("agent", "tool", "model"):
+                _check_name(kind, item.get(kind))
         resynced = False
         for _ in range(4):
             if not pending:
@@ -243,7 +258,7 @@ class QuotaEngine:
                         results[i] = error
                     return results
                 resynced = True
-                if not self.on_policy_missing(org):
+                if not self._resync(org):
                     for i in retry_later:
                         results[i] = UnknownOrg(org)
                     return results
@@ -326,6 +341,11 @@ class QuotaEngine:
     # -- internals ----------------------------------------------------------------
 
     def _evaluate(self, mode: str, org: str, agent: str, tool: str | None, model: str | None, tokens: int) -> Decision:
+        _check_count("tokens", tokens)
+        for kind, value in (("org", org), ("agent", agent), ("tool", tool), ("model", model)):
+            _check_name(kind, value)
+        if not org or not agent:
+            raise ValueError("org and agent are required")
         sweep = self.sweep_per_check if mode == "check" else 0
 
         def args(known: _Known) -> list:
@@ -368,7 +388,7 @@ class QuotaEngine:
             if status == "missing":
                 if not resynced and self.on_policy_missing is not None:
                     resynced = True
-                    if self.on_policy_missing(org):
+                    if self._resync(org):
                         continue
                     raise UnknownOrg(org)
                 raise PolicyNotLoaded(org)
@@ -379,6 +399,12 @@ class QuotaEngine:
                 known = self._learn(org, agent, reply[1], reply[2])
             return reply, known
         raise RuntimeError(f"the policy of {org}/{agent} kept changing under the check")  # pragma: no cover
+
+    def _resync(self, org: str) -> bool:
+        try:
+            return self.on_policy_missing(org)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise QuotaBackendUnavailable(f"Redis did not answer while reloading the policy: {exc}") from exc
 
     def _placeholder(self, org: str, agent: str) -> _Known:
         # The script answers "stale" (with the real path) before touching a key built from "?".

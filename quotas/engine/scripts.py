@@ -25,6 +25,8 @@ import redis
 from .decision import QuotaBackendUnavailable
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
+# Answers that mean "the server cannot serve this now" rather than "this call is wrong".
+UNAVAILABLE = ("BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "OOM", "NOREPLICAS")
 SCRIPT_NAMES = ("check", "settle", "lease", "sweep")
 
 
@@ -66,3 +68,7 @@ class Scripts:
                 return command("FCALL", function_name(name), len(keys), *keys, *args)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc
+        except redis.exceptions.ResponseError as exc:
+            if str(exc).split(" ", 1)[0] in UNAVAILABLE:
+                raise QuotaBackendUnavailable(f"Redis cannot serve the check now: {exc}") from exc
+            raise

@@ -34,8 +34,8 @@ from quotas.vocabulary import (
     parse_window,
 )
 
-SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
-MODEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/@+-]{0,98}[A-Za-z0-9])?$")
+SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z")
+MODEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/@+-]{0,98}[A-Za-z0-9])?\Z")
 SLUG_HINT = "use lowercase letters, digits, '-' and '_', e.g. 'agent-1'"
 MODEL_HINT = "use letters, digits, '.', '-', '_', '/', '@' and '+', e.g. 'gpt-4o'"
 UNSET: Any = object()  # a key the file does not mention: leave the database's value alone

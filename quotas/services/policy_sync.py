@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+
+import redis
 from collections import defaultdict
 from typing import Callable, Iterable
 
@@ -27,11 +29,15 @@ _pending = threading.local()
 
 
 def policy_sync_org(*, org: Organization) -> int:
-    """Write the compiled policy of ``org`` (every agent, tool weights, prices) in one MULTI. Returns agents written."""
+    """Write the compiled policy of ``org`` (every agent, tool weights, prices) in one MULTI. Returns agents written.
+
+    The version is taken before reading Postgres, and the write happens only if Redis does not
+    already hold a newer version: a slow full resync never overwrites a later after-commit sync.
+    """
     engine = get_engine()
     keys = engine.keys
     now = timezone.now()
-    version = int(time.time() * 1000)
+    version = time.time_ns() // 1000  # microseconds: unique enough, and ordered like the reads
 
     tier_limits: dict[int, list] = defaultdict(list)
     for limit in Limit.objects.filter(tier__isnull=False):
@@ -57,6 +63,8 @@ def policy_sync_org(*, org: Organization) -> int:
     members = {member.id: (member.team_id, node("user", "member", member)) for member in Member.objects.filter(org=org)}
     blobs = {}
     for agent in Agent.objects.filter(org=org):
+        if agent.member_id not in members or members[agent.member_id][0] not in teams:
+            continue  # created while this sync was reading: its own after-commit sync writes it
         team_id, member_node = members[agent.member_id]
         team_node = teams[team_id]
         path = (org.slug, team_node.slug, member_node.slug, agent.slug)
@@ -69,21 +77,31 @@ def policy_sync_org(*, org: Organization) -> int:
         model_prices={price.model: (price.input_per_1k, price.output_per_1k) for price in ModelPrice.objects.all()},
     )
     client = engine.client
-    agents_key = keys.org_agents(org.slug)
-    stale = set(client.smembers(agents_key)) - set(blobs)
+    org_key, agents_key = keys.org_policy(org.slug), keys.org_agents(org.slug)
     with client.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.org_policy(org.slug))
-        pipe.hset(keys.org_policy(org.slug), mapping=org_fields)
-        if blobs:
-            pipe.mset(blobs)
-        for key in stale:
-            pipe.delete(key)
-        pipe.delete(agents_key)
-        if blobs:
-            pipe.sadd(agents_key, *blobs)
-        pipe.execute()
-    client.sadd(keys.org_index(), org.slug)
-    engine.forget_paths()
+        while True:
+            try:
+                pipe.watch(org_key)
+                current = pipe.hget(org_key, "v")
+                if current is not None and int(current) >= version:
+                    pipe.unwatch()
+                    return 0  # a newer snapshot got there first
+                stale = set(pipe.smembers(agents_key)) - set(blobs)
+                pipe.multi()
+                pipe.delete(org_key)
+                pipe.hset(org_key, mapping=org_fields)
+                if blobs:
+                    pipe.mset(blobs)
+                for key in stale:
+                    pipe.delete(key)
+                pipe.delete(agents_key)
+                if blobs:
+                    pipe.sadd(agents_key, *blobs)
+                pipe.execute()
+                break
+            except redis.WatchError:
+                continue
+    client.sadd(keys.org_index(), org.slug)  # another hash slot: not in the MULTI (Redis Cluster)
     return len(blobs)
 
 
@@ -94,8 +112,8 @@ def policy_remove_org(*, slug: str) -> None:
     agents_key = engine.keys.org_agents(slug)
     with client.pipeline(transaction=True) as pipe:
         pipe.delete(engine.keys.org_policy(slug), agents_key, *client.smembers(agents_key))
-        pipe.srem(engine.keys.org_index(), slug)
         pipe.execute()
+    client.srem(engine.keys.org_index(), slug)  # another hash slot: not in the MULTI (Redis Cluster)
 
 
 def policy_sync_all(*, progress: Callable[[str, int], None] | None = None) -> int:

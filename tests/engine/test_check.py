@@ -204,3 +204,11 @@ def test_check_many_decides_each_on_its_own_in_one_round_trip(engine, install):
     assert results[1].reservation.endswith(".eng.bob.agent-2")
     # the same checks one by one would now be refused: the batch charged what it admitted
     assert not engine.check(org="acme", agent="agent-1").allowed
+
+
+def test_names_that_would_break_records_are_refused(engine, install):
+    install(agent=[lim("requests", 5, "1m")])
+    for kwargs in ({"tool": "a|b"}, {"model": "gpt 4"}, {"agent": "agent-1|x"}, {"tool": "x\n"}):
+        with pytest.raises(ValueError, match="is not a valid name"):
+            engine.check(org="acme", **{"agent": "agent-1", **kwargs})
+    assert engine.check(org="acme", agent="agent-1", tool="web_search", model="openai/gpt-4o@2024").allowed
