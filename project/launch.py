@@ -283,19 +283,9 @@ class Launcher:
         print("\n".join(lines), flush=True)
 
     def test(self) -> int:
-        self.env.setdefault("SECRET_KEY", "test-only-insecure-key-from-make-test")
-        self.env.setdefault("QUOTAS_REDIS_KEY_PREFIX", f"aqtest-{secrets.token_hex(4)}")
         # settings.STATIC_ROOT; WhiteNoise warns on every request while it does not exist.
         Path(self.env.get("STATIC_ROOT") or self.var / "static").mkdir(parents=True, exist_ok=True)
-        self.start_servers()
-        say(f"python -m pytest {' '.join(self.args)}".rstrip())
-        # pytest stays in our process group: it gets Ctrl-C and the terminal (--pdb) itself.
-        self.foreground = subprocess.Popen(
-            [sys.executable, "-m", "pytest", *self.args], cwd=REPO, env=self.env,
-            preexec_fn=embedded.die_with_parent(signal.SIGTERM),
-        )
-        status = self.foreground.wait()
-        self.foreground = None
+        status = self.run_in_foreground("pytest", "test")
         if status == 5:
             print("error: pytest collected no tests (exit status 5): that counts as a failure; "
                   "check ARGS", file=sys.stderr, flush=True)
@@ -303,12 +293,17 @@ class Launcher:
         return status
 
     def bench(self) -> int:
-        self.env.setdefault("SECRET_KEY", "bench-only-insecure-key-from-make-bench")
-        self.env.setdefault("QUOTAS_REDIS_KEY_PREFIX", f"aqbench-{secrets.token_hex(4)}")
+        return self.run_in_foreground("bench", "bench")
+
+    def run_in_foreground(self, module: str, profile: str) -> int:
+        """Start the servers, then `python -m MODULE ARGS` with their URLs; its exit status."""
+        self.env.setdefault("SECRET_KEY", f"{profile}-only-insecure-key-from-make-{profile}")
+        self.env.setdefault("QUOTAS_REDIS_KEY_PREFIX", f"aq{profile}-{secrets.token_hex(4)}")
         self.start_servers()
-        say(f"python -m bench {' '.join(self.args)}".rstrip())
+        say(f"python -m {module} {' '.join(self.args)}".rstrip())
+        # it stays in our process group: it gets Ctrl-C and the terminal (pytest --pdb) itself.
         self.foreground = subprocess.Popen(
-            [sys.executable, "-m", "bench", *self.args], cwd=REPO, env=self.env,
+            [sys.executable, "-m", module, *self.args], cwd=REPO, env=self.env,
             preexec_fn=embedded.die_with_parent(signal.SIGTERM),
         )
         status = self.foreground.wait()
