@@ -60,7 +60,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if not header:
             return None  # -> 401 not_authenticated
         scheme, _, raw = header.partition(" ")
-        if scheme != self.keyword or not raw.strip():
+        if scheme.lower() != "bearer" or not raw.strip():  # auth schemes are case-insensitive (RFC 9110)
             raise exceptions.AuthenticationFailed("use the header `Authorization: Bearer <key>`")
         client = client_for_key(raw.strip())
         if client is None:

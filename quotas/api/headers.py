@@ -45,7 +45,7 @@ def _name(limit: LimitState) -> str:
     return '"' + ":".join(parts).replace("\\", "").replace('"', "") + '"'
 
 
-def ratelimit_headers(decision: Decision) -> dict[str, str]:
+def ratelimit_headers(decision: Decision, *, retry_after: bool = True) -> dict[str, str]:
     limits = decision.limits
     if not limits:
         return {}
@@ -59,6 +59,6 @@ def ratelimit_headers(decision: Decision) -> dict[str, str]:
         policies.append(policy + f';qu="{UNITS[limit.metric]}"')
         states.append(f"{name};r={_units(limit, limit.remaining)};t={math.ceil(limit.reset_ms / 1000)}")
     headers = {"RateLimit-Policy": ", ".join(policies), "RateLimit": ", ".join(states)}
-    if not decision.allowed and decision.retry_after_ms is not None:
+    if retry_after and not decision.allowed and decision.retry_after_ms is not None:
         headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after_ms / 1000)))
     return headers

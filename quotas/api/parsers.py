@@ -29,6 +29,8 @@ class StrictJSONParser(BaseParser):
             data = json.loads(raw.decode("utf-8") or "null", parse_constant=_no_constant)
         except (UnicodeDecodeError, ValueError) as exc:
             raise ParseError(f"body: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise ParseError("body: nested too deeply") from None
         if not isinstance(data, dict):
             raise ParseError("body: expected a JSON object")
         return data

@@ -21,13 +21,29 @@ class StrictIntegerField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
+class StrictCharField(serializers.CharField):
+    """A JSON string, never a number turned into one."""
+
+    default_error_messages = {"invalid": "must be a string"}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def printable(name: str) -> str:
+    """A name from the request, safe to echo in an answer (lone surrogates cannot be encoded)."""
+    return name.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class StrictSerializer(serializers.Serializer):
     """Rejects fields it does not know, naming them and what it expects."""
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
-        unknown = sorted(set(data) - set(self.fields))
+        unknown = sorted(printable(str(name)) for name in set(data) - set(self.fields))
         if unknown:
             expected = ", ".join(self.fields)
             raise serializers.ValidationError({name: [f"unknown field; expected {expected}"] for name in unknown})
@@ -35,14 +51,14 @@ class StrictSerializer(serializers.Serializer):
 
 
 def agent_field():
-    return serializers.CharField(max_length=64, validators=[slug_validator], help_text="The agent's id, e.g. agent-1.")
+    return StrictCharField(max_length=64, validators=[slug_validator], help_text="The agent's id, e.g. agent-1.")
 
 
 class CheckInput(StrictSerializer):
     agent = agent_field()
-    tool = serializers.CharField(max_length=64, required=False, allow_null=True, validators=[slug_validator],
+    tool = StrictCharField(max_length=64, required=False, allow_null=True, validators=[slug_validator],
                                  help_text="The tool about to be called (its weight is the call's credits).")
-    model = serializers.CharField(max_length=100, required=False, allow_null=True, validators=[model_name_validator],
+    model = StrictCharField(max_length=100, required=False, allow_null=True, validators=[model_name_validator],
                                   help_text="The model about to be called (its price gives the cost).")
     tokens = StrictIntegerField(min_value=0, max_value=MAX_TOKENS, required=False, default=0,
                                 help_text="Estimated tokens; settled later with POST /api/v1/usage.")
@@ -54,7 +70,7 @@ class CheckBatchInput(StrictSerializer):
 
 
 class UsageInput(StrictSerializer):
-    reservation = serializers.CharField(max_length=300, help_text="The id a check returned.")
+    reservation = StrictCharField(max_length=300, help_text="The id a check returned.")
     input_tokens = StrictIntegerField(min_value=0, max_value=MAX_TOKENS)
     output_tokens = StrictIntegerField(min_value=0, max_value=MAX_TOKENS)
 

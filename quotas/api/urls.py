@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from quotas.api import views
@@ -15,4 +15,5 @@ urlpatterns = [
     path("ping", views.PingView.as_view(), name="api-ping"),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    re_path(r"^.*$", views.api_not_found),
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -15,6 +16,7 @@ from quotas.api.headers import ratelimit_headers
 from quotas.engine import Decision, LimitState, QuotaError, QuotaExceeded, UnknownAgent, UnknownLease, UnknownReservation
 from quotas.services.engine import get_engine
 
+SLUG = re.compile(r"[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?")
 ERRORS = {
     400: OpenApiResponse(s.ErrorOutput, description="Bad input: `detail` names the field."),
     401: OpenApiResponse(s.ErrorOutput, description="Missing, unknown or revoked API key."),
@@ -180,12 +182,14 @@ class AgentQuotaView(APIView):
                    parameters=[s.PeekQuery], responses={200: s.QuotaOutput, 404: s.ErrorOutput, **ERRORS})
     def get(self, request, agent: str):
         query = validated(s.PeekQuery, request.query_params.dict())
+        if not SLUG.fullmatch(agent):
+            raise unknown_agent(s.printable(agent))  # not even a possible id
         try:
             decision = get_engine().peek(org=request.user.org, agent=agent, **query)
         except UnknownAgent:
             raise unknown_agent(agent) from None
         return Response({"agent": agent, "limits": [limit_json(limit) for limit in decision.limits]},
-                        headers=ratelimit_headers(decision))
+                        headers=ratelimit_headers(decision, retry_after=False))
 
 
 class DailySpendView(APIView):
@@ -195,6 +199,13 @@ class DailySpendView(APIView):
         query = validated(s.DailySpendQuery, request.query_params.dict())
         # The spend pipeline (usage stream -> rollups) comes with issue 5; until then no rows.
         return Response({"from": query["from"], "to": query["to"], "group_by": query["group_by"], "rows": []})
+
+
+def api_not_found(request, *args, **kwargs):
+    """A path under /api/ that is no endpoint: the API's JSON error, not Django's HTML page."""
+    from django.http import JsonResponse
+
+    return JsonResponse({"error": "not_found", "detail": f"no endpoint at {s.printable(request.path)}"}, status=404)
 
 
 class PingView(APIView):

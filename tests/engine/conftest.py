@@ -84,7 +84,8 @@ class Installer:
     def __init__(self, engine: QuotaEngine, clock: FakeClock):
         self.engine, self.clock = engine, clock
 
-    def __call__(self, *, org=(), team=(), user=(), agent=(), path=PATH, tools=None, prices=None, forget_paths=True):
+    def __call__(self, *, org=(), team=(), user=(), agent=(), path=PATH, tools=None, prices=None, forget_paths=True,
+                 version=1):
         keys, client = self.engine.keys, self.engine.client
         nodes = [
             NodeLimits(level, slug, own_limits=[l for l in limits if not isinstance(l, OverrideDoc)],
@@ -92,9 +93,9 @@ class Installer:
             for level, slug, limits in zip(("org", "team", "user", "agent"), path, (org, team, user, agent))
         ]
         client.set(keys.agent_policy(path[0], path[3]),
-                   compile_agent(version=1, path=path, nodes=nodes, now=self.clock.datetime))
+                   compile_agent(version=version, path=path, nodes=nodes, now=self.clock.datetime))
         fields = compile_org(
-            version=1,
+            version=version,
             tool_weights=tools if tools is not None else {"web_search": 1, "llm_call": 3, "code_execute": 5},
             model_prices=prices if prices is not None else {"gpt-4o": (Decimal("0.0025"), Decimal("0.01"))},
         )

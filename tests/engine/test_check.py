@@ -212,3 +212,14 @@ def test_names_that_would_break_records_are_refused(engine, install):
         with pytest.raises(ValueError, match="is not a valid name"):
             engine.check(org="acme", **{"agent": "agent-1", **kwargs})
     assert engine.check(org="acme", agent="agent-1", tool="web_search", model="openai/gpt-4o@2024").allowed
+
+
+def test_a_known_policy_is_not_sent_again_whatever_its_version_looks_like(engine, install, monkeypatch):
+    """Policy sync's versions are microseconds (16 digits): Lua prints those with an exponent."""
+    install(agent=[lim("requests", 5, "1m")], version=1_795_000_000_123_456)
+    learnt = []
+    original = engine._learn
+    monkeypatch.setattr(engine, "_learn", lambda *args: learnt.append(args) or original(*args))
+    for _ in range(3):
+        assert engine.check(org="acme", agent="agent-1").allowed
+    assert len(learnt) == 1  # the first answer (path unknown yet); not once per check

@@ -41,7 +41,7 @@ local blob = redis.call('GET', KEYS[2])
 if not blob then return {'unknown'} end
 local policy = decode_policy(blob)  -- cached and shared between calls: read it, never change it
 local p = policy.p
-local fresh = tostring(policy.v) == ARGV[10] and '' or blob
+local fresh = policy.v == tonumber(ARGV[10]) and '' or blob  -- numbers: text of a big version has an exponent
 if p[1] .. ' ' .. p[2] .. ' ' .. p[3] .. ' ' .. p[4] ~= path_arg then return {'stale', policy.v, blob} end
 
 local weight = tonumber(org_policy[2]) or 1

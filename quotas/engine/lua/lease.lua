@@ -49,7 +49,7 @@ if not blob then return {'unknown'} end
 local policy = decode_policy(blob)
 local p = policy.p
 if p[1] .. ' ' .. p[2] .. ' ' .. p[3] .. ' ' .. p[4] ~= path_arg then return {'stale', policy.v, blob} end
-local fresh = tostring(policy.v) == ARGV[6] and '' or blob
+local fresh = policy.v == tonumber(ARGV[6]) and '' or blob
 
 local rows, slots, blocked, retry = {}, {}, 0, 0
 for i, lim in ipairs(policy.l) do
