@@ -8,7 +8,6 @@ import time
 from bench import api_check, engine_check, engine_instructions
 
 BENCHMARKS = {"engine": engine_check, "instructions": engine_instructions, "api": api_check}
-BENCHMARKS["api"] = __import__("bench.api_check").api_check  # bench/api_check.py: the check API over gunicorn
 
 
 def main(names: list[str]) -> int:
