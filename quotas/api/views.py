@@ -80,7 +80,7 @@ class CheckView(APIView):
         ],
     )
     def post(self, request):
-        data = validated(s.CheckInput, request.data)
+        data = s.check_input(request.data)
         try:
             decision = get_engine().check(org=request.user.org, **data)
         except UnknownAgent:
@@ -98,7 +98,7 @@ class CheckBatchView(APIView):
             {"agent": "agent-1", "tool": "web_search"}, {"agent": "agent-2", "model": "gpt-4o", "tokens": 500}]})],
     )
     def post(self, request):
-        checks = validated(s.CheckBatchInput, request.data)["checks"]
+        checks = s.check_batch_input(request.data)
         results = []
         for item, result in zip(checks, get_engine().check_many(org=request.user.org, checks=checks)):
             if isinstance(result, UnknownAgent):
