@@ -22,7 +22,7 @@ import pytest
 from django.db import transaction
 
 import quotas.engine
-from quotas.api.auth import forget_cached_keys
+from tests.support import clean_redis
 from quotas.client import (
     AsyncQuotaClient,
     AuthenticationError,
@@ -40,7 +40,6 @@ from quotas.client import (
 from quotas.models import Organization
 from quotas.policy.document import parse_policy, read_policy_file
 from quotas.services.api_keys import api_key_create
-from quotas.services.engine import get_engine
 from quotas.services.policy_load import policy_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,12 +55,7 @@ EXHAUSTED = [True] * 16 + [False] * 4 + [True, True, False]
 @pytest.fixture
 def service(live_server, transactional_db):
     """The live service with the demo policy, clean counters and an API key of acme-corp."""
-    engine = get_engine()
-    keys = list(engine.client.scan_iter(f"{engine.keys.prefix}:*", count=1000))
-    if keys:
-        engine.client.delete(*keys)
-    engine.forget_paths()
-    forget_cached_keys()
+    clean_redis()
     with transaction.atomic():  # the policy sync to Redis runs after this commit
         policy_load(doc=parse_policy(read_policy_file(DEMO)))
     _, raw = api_key_create(org=Organization.objects.get(slug="acme-corp"))

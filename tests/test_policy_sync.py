@@ -19,18 +19,15 @@ from quotas.models import Agent, Limit, Override
 from quotas.policy.document import parse_policy
 from quotas.services.engine import get_engine
 from quotas.services.policy_load import policy_load
+from tests.support import clean_redis
 
 DEMO = Path(__file__).resolve().parent.parent / "quotas" / "fixtures" / "demo_policy.yaml"
 
 
 @pytest.fixture
 def engine():
-    engine = get_engine()
-    prefix_keys = list(engine.client.scan_iter(f"{engine.keys.prefix}:*", count=1000))
-    if prefix_keys:
-        engine.client.delete(*prefix_keys)
-    engine.forget_paths()
-    return engine
+    clean_redis()
+    return get_engine()
 
 
 @pytest.fixture

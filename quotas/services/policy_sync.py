@@ -20,7 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from quotas.engine.compile import NodeLimits, compile_agent, compile_org
-from quotas.models import Agent, Limit, Member, ModelPrice, Organization, Override, Team, Tier, ToolCost
+from quotas.models import Agent, Limit, Member, ModelPrice, Organization, Override, Team, ToolCost
 from quotas.services.engine import get_engine
 
 log = logging.getLogger("quotas.sync")

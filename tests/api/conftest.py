@@ -22,6 +22,7 @@ from quotas.policy.document import parse_policy, read_policy_file
 from quotas.services.api_keys import api_key_create
 from quotas.services.engine import get_engine
 from quotas.services.policy_load import policy_load
+from tests.support import clean_redis
 
 DEMO = Path(__file__).resolve().parents[2] / "quotas" / "fixtures" / "demo_policy.yaml"
 DEMO_AGENTS = ("agent-1", "agent-2", "research-bot", "copywriter")
@@ -43,15 +44,6 @@ GLOBEX = {
         }],
     }],
 }
-
-
-def clean_redis() -> None:
-    engine = get_engine()
-    keys = list(engine.client.scan_iter(f"{engine.keys.prefix}:*", count=1000))
-    if keys:
-        engine.client.delete(*keys)
-    engine.forget_paths()
-    forget_cached_keys()
 
 
 def unused_port() -> int:

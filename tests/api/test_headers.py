@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
-import pytest
 
 from tests.api.structured_fields import by_name, parse_list
 

@@ -10,7 +10,7 @@ from quotas.engine import PolicyNotLoaded, UnknownAgent
 from quotas.engine.compile import limit_id
 from quotas.engine.usage import UsageEvent, parse_event
 
-from .conftest import PATH, lim, remaining
+from .conftest import lim, remaining
 
 
 def test_an_admitted_check_charges_every_level(engine, install):
