@@ -188,8 +188,10 @@ class AgentQuotaView(APIView):
             decision = get_engine().peek(org=request.user.org, agent=agent, **query)
         except UnknownAgent:
             raise unknown_agent(agent) from None
-        return Response({"agent": agent, "limits": [limit_json(limit) for limit in decision.limits]},
-                        headers=ratelimit_headers(decision, retry_after=False))
+        body = {"agent": agent, "limits": [limit_json(limit) for limit in decision.limits]}
+        if decision.degraded:
+            body["degraded"] = True  # fail-open without Redis: the limits are unknown, not absent
+        return Response(body, headers=ratelimit_headers(decision, retry_after=False))
 
 
 class DailySpendView(APIView):

@@ -94,3 +94,10 @@ def test_when_redis_is_back_checks_are_decided_normally_again(api, monkeypatch):
 
     response = api.check(agent="agent-1")
     assert response.status_code == 200 and "degraded" not in response.json()
+
+
+def test_fail_open_peek_says_the_limits_are_unknown_not_absent(api, redis_down):
+    redis_down("open")
+    response = api.get("/api/v1/agents/agent-1/quota")
+    assert response.status_code == 200
+    assert response.json() == {"agent": "agent-1", "limits": [], "degraded": True}
