@@ -49,8 +49,7 @@ bench: $(VENV)/.installed-bench
 	exec $(PY) -m project.launch bench -- $(ARGS)
 
 clean:
-	@for p in dev:run test:test; do \
-	  f=var/$${p%%:*}/launcher.pid; \
+	@d=$${AQ_VAR_DIR:-var}; for p in dev:run test:test bench:bench; do \
+	  f=$$d/$${p%%:*}/launcher.pid; \
 	  if [ -f $$f ] && ! flock -n $$f true; then echo "make $${p#*:} is running (pid $$(cat $$f)); stop it first"; exit 1; fi; \
-	done
-	rm -rf var
+	done; echo "rm -rf $$d"; rm -rf "$$d"

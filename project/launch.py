@@ -308,7 +308,7 @@ class Launcher:
         )
         status = self.foreground.wait()
         self.foreground = None
-        return status
+        return 128 - status if status < 0 else status  # killed by signal N: the shell's 128 + N
 
     def main(self) -> int:
         lock = take_lock(self.home / "launcher.pid", self.command)

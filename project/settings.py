@@ -179,6 +179,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
 LOGIN_URL = "admin:login"
+# Messages in the session (server side), not in a cookie: the admin shows a new API key in one.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

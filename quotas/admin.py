@@ -264,7 +264,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
             messages.WARNING,
         )
 
-    @admin.action(description="Revoke selected keys (they stop working at once)")
+    @admin.action(description="Revoke selected keys (they stop working within a second)")
     def revoke(self, request, queryset):
         for key in queryset:
             api_key_revoke(key=key)

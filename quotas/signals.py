@@ -24,16 +24,17 @@ def _orgs_of(instance) -> set:
 
 
 def _remember_old_org(sender, instance, raw=False, **kwargs):
-    """A team, user or agent moved to another org must leave the old org's policy too."""
-    if not raw and instance.pk:
-        instance._quotas_old_org_id = sender.objects.filter(pk=instance.pk).values_list("org_id", flat=True).first()
+    """A node, limit or override moved to another org must leave the old org's policy too."""
+    if raw or not instance.pk:
+        return
+    old = sender.objects.filter(pk=instance.pk).first()
+    if old is not None:
+        instance._quotas_old_orgs = _orgs_of(old)
 
 
 def _on_save(sender, instance, raw=False, **kwargs):
     if not raw:
-        orgs = _orgs_of(instance)
-        old = getattr(instance, "_quotas_old_org_id", None)
-        policy_sync_on_commit(orgs | ({old} if old else set()))
+        policy_sync_on_commit(_orgs_of(instance) | getattr(instance, "_quotas_old_orgs", set()))
 
 
 def _on_delete(sender, instance, **kwargs):
@@ -46,7 +47,7 @@ def _on_delete(sender, instance, **kwargs):
 
 
 def connect() -> None:
-    for model in (Team, Member, Agent):
+    for model in (Team, Member, Agent, Limit, Override):
         pre_save.connect(_remember_old_org, sender=model, dispatch_uid=f"quotas-sync-old-org-{model.__name__}")
     for model in (Organization, Team, Member, Agent, Limit, Override, Tier, ToolCost, ModelPrice):
         post_save.connect(_on_save, sender=model, dispatch_uid=f"quotas-sync-save-{model.__name__}")

@@ -92,3 +92,9 @@ def test_backing_services_use_stock_images():
     env = environment(app_services()["web"])
     assert env["DATABASE_URL"].startswith("postgres://") and "@postgres:" in env["DATABASE_URL"]
     assert env["REDIS_URL"].startswith("redis://valkey:")
+
+
+def test_the_secret_key_has_no_default_to_forget():
+    for name, service in app_services().items():
+        value = str(environment(service).get("SECRET_KEY", ""))
+        assert value.startswith("${SECRET_KEY:?"), f"{name}: SECRET_KEY must be required, not defaulted: {value}"

@@ -342,7 +342,7 @@ BAD_FILES = [
     ),
     (
         mutate(("tool_costs", "llm_call"), 0),
-        "tool_costs.llm_call: 0 is not a weight; use a whole number of credits, 1 or more",
+        "tool_costs.llm_call: 0 is not a weight; use a whole number of credits from 1 to 2147483647",
     ),
     (
         mutate(("model_prices", "gpt-4o"), {"input": "cheap", "output": 0.01}),
@@ -421,3 +421,58 @@ def test_load_policy_exits_non_zero_on_a_bad_file(tmp_path):
     )
     assert result.returncode != 0
     assert "orgs[0].teams[0].users[0].limits[1].window: '5 minutes' is not a window" in result.stderr
+
+
+# ---------------------------------------------------------------------------
+# Found in review: files the columns refuse, tiers in short form, what --prune takes along
+# ---------------------------------------------------------------------------
+
+COLUMN_LIMITS = [
+    (mutate((*ALICE, "overrides"), [{"metric": "tokens", "limit": 5, "window": "1h", "reason": "x" * 301}]),
+     "orgs[0].teams[0].users[0].overrides[0].reason: at most 300 characters"),
+    (mutate(("tool_costs", "x"), 3_000_000_000),
+     "tool_costs.x: 3000000000 is not a weight; use a whole number of credits from 1 to 2147483647"),
+    (mutate((*ALICE, "limits", 1), {"metric": "tokens", "limit": 5, "window": "1h", "burst": 10**20}),
+     "orgs[0].teams[0].users[0].limits[1].burst: 100000000000000000000 is too large; at most 1000000000000000"),
+    (mutate(("model_prices", "gpt-4o"), {"input": 1000000, "output": 0.01}),
+     "model_prices.gpt-4o.input: 1000000 has too many digits; at most 6 before and 8 after the point"),
+    (mutate((*ALICE, "overrides"), [{"metric": "tokens", "limit": 5, "window": "1h", "reason": "x",
+                                     "expires_at": "9999-12-31T23:00:00-05:00"}]),
+     "orgs[0].teams[0].users[0].overrides[0].expires_at: 9999-12-31T23:00:00-05:00 is out of range; use a date before year 9999"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), COLUMN_LIMITS, ids=[m.split(":")[0] for _, m in COLUMN_LIMITS])
+def test_values_the_columns_cannot_hold_are_named_not_crashed_on(tmp_path, data, message):
+    with pytest.raises(CommandError) as raised:
+        call_command("load_policy", write(tmp_path, data), stdout=StringIO())
+    assert message in str(raised.value).splitlines()
+    assert counts() == {model.__name__: 0 for model in POLICY_MODELS}
+
+
+def test_prices_with_eight_decimals_round_trip():
+    data = demo_data()
+    data["model_prices"]["cheap"] = {"input": 0.0000375, "output": 0.00000001}
+    load(data)
+    assert ModelPrice.objects.get(model="cheap").input_per_1k == Decimal("0.0000375")
+    assert exported() == parse_policy(yaml.safe_load(dump_policy(exported()))).to_data()
+    again = load(yaml.safe_load(dump_policy(exported())))
+    assert (again.created, again.updated) == (0, 0)
+
+
+def test_a_tier_in_short_form_keeps_its_level_and_description():
+    load({"tiers": {"std": {"level": "agent", "description": "Standard plan", "limits": [
+        {"metric": "requests", "limit": 5, "window": "1m"}]}}})
+    load({"tiers": {"std": [{"metric": "requests", "limit": 6, "window": "1m"}]}})
+    tier = Tier.objects.get(slug="std")
+    assert (tier.level, tier.description, tier.limits.get().amount) == ("agent", "Standard plan", 6)
+
+
+def test_prune_says_what_it_took_along(tmp_path):
+    from quotas.services.api_keys import api_key_create
+
+    load(demo_data())
+    api_key_create(org=Organization.objects.get(slug="acme-corp"))
+    out = StringIO()
+    call_command("load_policy", write(tmp_path, {"tool_costs": {"web_search": 1}}), "--prune", stdout=out)
+    assert "with them deleted: 1 API keys" in out.getvalue()

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.urls import reverse
 
 from quotas.engine import QuotaEngine, UnknownAgent, UnknownOrg
-from quotas.models import Agent, Limit, Override
+from quotas.models import Agent, Limit, Organization, Override, Team
 from quotas.policy.document import parse_policy
 from quotas.services.engine import get_engine
 from quotas.services.policy_load import policy_load
@@ -118,3 +118,58 @@ def test_sync_policy_command_and_task_repair_drift(demo, engine):
 def test_the_beat_schedule_runs_the_resync():
     tasks = {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
     assert {"quotas.tasks.sync_policy_all", "quotas.tasks.sweep_reservations"} <= tasks
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_with_a_fast_clock_cannot_hide_later_edits(demo, engine, monkeypatch):
+    """Versions come from Redis's clock, not the syncing process's (which may be ahead)."""
+    import time as time_module
+
+    from quotas.services.policy_sync import policy_sync_org
+
+    real = time_module.time_ns
+    monkeypatch.setattr(time_module, "time_ns", lambda: real() + 10**9 * 3600)  # this host is an hour ahead
+    policy_sync_org(org=Organization.objects.get(slug="acme-corp"))
+    monkeypatch.undo()
+    with transaction.atomic():
+        Limit.objects.filter(team__slug="engineering", metric="tokens").update(amount=4242)
+        Team.objects.get(slug="engineering").save()  # an edit that sends its signal
+    assert ("team", "tokens", "1h", 4242) in amounts(engine.peek(org="acme-corp", agent="agent-1"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_team_moved_to_another_org_takes_its_users_and_agents_along(demo, engine):
+    globex = Organization.objects.create(slug="globex")
+    with transaction.atomic():
+        team = Team.objects.get(slug="engineering")
+        team.org = globex
+        team.save()
+    assert set(Agent.objects.filter(member__team=team).values_list("org__slug", flat=True)) == {"globex"}
+    assert engine.check(org="globex", agent="agent-1").allowed
+    with pytest.raises(UnknownAgent):
+        engine.check(org="acme-corp", agent="agent-1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_move_that_would_clash_with_the_target_orgs_ids_is_refused(demo):
+    from django.core.exceptions import ValidationError
+
+    from quotas.models import Member
+
+    globex = Organization.objects.create(slug="globex")
+    Member.objects.create(team=Team.objects.create(org=globex, slug="research"), slug="alice")
+    team = Team.objects.get(slug="engineering")
+    team.org = globex
+    with pytest.raises(ValidationError, match="clash with users alice"):
+        team.full_clean()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_limit_moved_to_another_org_leaves_the_old_org_at_once(demo, engine):
+    globex = Organization.objects.create(slug="globex")
+    research = Team.objects.create(org=globex, slug="research")
+    limit = Limit.objects.get(team__slug="engineering", metric="tokens")
+    with transaction.atomic():
+        limit.team = research
+        limit.save()
+    assert ("team", "tokens", "1h", 500000) not in amounts(engine.peek(org="acme-corp", agent="agent-1"))

@@ -24,9 +24,13 @@ class StrictIntegerField(serializers.IntegerField):
 
 
 class StrictCharField(serializers.CharField):
-    """A JSON string, never a number turned into one."""
+    """A JSON string as sent: never a number turned into one, never trimmed of spaces."""
 
     default_error_messages = {"invalid": "must be a string"}
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):

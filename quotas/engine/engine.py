@@ -43,7 +43,7 @@ from .decision import (
     UnknownReservation,
 )
 from .keys import Keys
-from .scripts import Scripts, function_name
+from .scripts import Scripts, function_name, unavailable
 
 log = logging.getLogger("quotas.engine")
 
@@ -219,9 +219,15 @@ class QuotaEngine:
                     sent.append((i, known))
                 try:
                     replies = pipe.execute(raise_on_error=False)
-                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    failed = next((reply for reply in replies if isinstance(reply, Exception) and unavailable(reply)),
+                                  None)
+                    if failed is not None:
+                        raise failed
+                except redis.RedisError as exc:
+                    if not unavailable(exc):
+                        raise
                     if self.fail_mode == "closed":
-                        raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc
+                        raise QuotaBackendUnavailable(f"Redis cannot serve the checks now: {exc}") from exc
                     self.fail_open_admits += len(pending)
                     log.warning("Redis unreachable: admitting %d checks of %s without a check (fail-open)",
                                 len(pending), org)
@@ -403,8 +409,10 @@ class QuotaEngine:
     def _resync(self, org: str) -> bool:
         try:
             return self.on_policy_missing(org)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise QuotaBackendUnavailable(f"Redis did not answer while reloading the policy: {exc}") from exc
+        except redis.RedisError as exc:
+            if not unavailable(exc):
+                raise
+            raise QuotaBackendUnavailable(f"Redis failed while reloading the policy: {exc}") from exc
 
     def _placeholder(self, org: str, agent: str) -> _Known:
         # The script answers "stale" (with the real path) before touching a key built from "?".

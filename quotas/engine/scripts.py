@@ -25,8 +25,20 @@ import redis
 from .decision import QuotaBackendUnavailable
 
 LUA_DIR = Path(__file__).resolve().parent / "lua"
-# Answers that mean "the server cannot serve this now" rather than "this call is wrong".
-UNAVAILABLE = ("BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "OOM", "NOREPLICAS")
+# Answers that mean "the server cannot serve this now" rather than "this call is wrong": redis-py
+# turns most into their own classes (and drops the code from the message); the rest by their code.
+UNAVAILABLE_ERRORS = (
+    redis.ConnectionError, redis.TimeoutError, redis.exceptions.BusyLoadingError, redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError, redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError,
+    redis.exceptions.MasterDownError,
+)
+UNAVAILABLE_CODES = ("BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "OOM", "NOREPLICAS")
+
+
+def unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, UNAVAILABLE_ERRORS):
+        return True
+    return isinstance(exc, redis.exceptions.ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES
 SCRIPT_NAMES = ("check", "settle", "lease", "sweep")
 
 
@@ -68,7 +80,7 @@ class Scripts:
                 return command("FCALL", function_name(name), len(keys), *keys, *args)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc
-        except redis.exceptions.ResponseError as exc:
-            if str(exc).split(" ", 1)[0] in UNAVAILABLE:
-                raise QuotaBackendUnavailable(f"Redis cannot serve the check now: {exc}") from exc
+        except redis.RedisError as exc:
+            if unavailable(exc):
+                raise QuotaBackendUnavailable(f"Redis cannot serve the check now: {type(exc).__name__}: {exc}") from exc
             raise

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import models, transaction
 
 from quotas.vocabulary import Level
 
@@ -91,6 +91,18 @@ class Team(Node):
     def __str__(self) -> str:
         return f"{self.slug} ({self.org.slug})" if self.org_id else self.slug
 
+    def clean(self) -> None:
+        super().clean()
+        if self.pk and self.org_id:
+            _check_move(Member.objects.filter(team=self), Agent.objects.filter(member__team=self), self.org_id)
+
+    def save(self, *args, **kwargs):
+        # A team moved to another org takes its users and agents along (their org is derived).
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            Member.objects.filter(team=self).exclude(org_id=self.org_id).update(org_id=self.org_id)
+            Agent.objects.filter(member__team=self).exclude(org_id=self.org_id).update(org_id=self.org_id)
+
 
 class Member(Node):
     """A person (or service account) in a team; "user" in the product's vocabulary.
@@ -109,10 +121,17 @@ class Member(Node):
     def __str__(self) -> str:
         return f"{self.slug} ({self.org.slug})" if self.org_id else self.slug
 
+    def clean(self) -> None:
+        super().clean()
+        if self.pk and self.team_id:
+            _check_move(Member.objects.none(), Agent.objects.filter(member=self), self.team.org_id)
+
     def save(self, *args, **kwargs):
         # The org is the team's: kept here so that "unique within the org" is a constraint.
         self.org_id = self.team.org_id
-        super().save(*args, **kwargs)
+        with transaction.atomic():
+            super().save(*args, **kwargs)
+            Agent.objects.filter(member=self).exclude(org_id=self.org_id).update(org_id=self.org_id)
 
     def validate_constraints(self, exclude=None):
         # org is derived, so forms exclude it; "unique within the org" must still be checked.
@@ -143,3 +162,18 @@ class Agent(Node):
             self.org_id = self.member.org_id
             exclude = set(exclude or ()) - {"org"}
         super().validate_constraints(exclude=exclude)
+
+
+def _check_move(members, agents, org_id: int) -> None:
+    """Moving users and agents into org ``org_id`` must not clash with ids it already has."""
+    clashes = []
+    for label, rows, model in (("users", members, Member), ("agents", agents, Agent)):
+        moving = rows.exclude(org_id=org_id).values_list("slug", flat=True)
+        taken = sorted(model.objects.filter(org_id=org_id, slug__in=list(moving)).values_list("slug", flat=True))
+        if taken:
+            clashes.append(f"{label} {', '.join(taken)}")
+    if clashes:
+        raise ValidationError(
+            f"Moving here would clash with {' and '.join(clashes)} of that organization "
+            "(ids are unique within an org): rename them first."
+        )

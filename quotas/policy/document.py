@@ -38,6 +38,8 @@ SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z")
 MODEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/@+-]{0,98}[A-Za-z0-9])?\Z")
 SLUG_HINT = "use lowercase letters, digits, '-' and '_', e.g. 'agent-1'"
 MODEL_HINT = "use letters, digits, '.', '-', '_', '/', '@' and '+', e.g. 'gpt-4o'"
+MAX_WEIGHT = 2_147_483_647  # the column's largest
+MAX_BURST = 10**15
 UNSET: Any = object()  # a key the file does not mention: leave the database's value alone
 CHILDREN = {Level.ORG: "teams", Level.TEAM: "users", Level.USER: "agents", Level.AGENT: None}
 _NEXT_LEVEL = {Level.ORG: Level.TEAM, Level.TEAM: Level.USER, Level.USER: Level.AGENT}
@@ -136,13 +138,15 @@ class TierDoc:
 
     def to_data(self) -> Any:
         limits = [limit.to_data() for limit in self.limits]
-        if not self.level and not self.description:
+        level = "" if self.level is UNSET else self.level
+        description = "" if self.description is UNSET else self.description
+        if not level and not description:
             return limits
         data: dict[str, Any] = {}
-        if self.level:
-            data["level"] = self.level
-        if self.description:
-            data["description"] = self.description
+        if level:
+            data["level"] = level
+        if description:
+            data["description"] = description
         data["limits"] = limits
         return data
 
@@ -243,7 +247,8 @@ class _Parser:
             return None
         return value
 
-    def decimal(self, value: Any, place: str, *, allow_zero: bool) -> Decimal | None:
+    def decimal(self, value: Any, place: str, *, allow_zero: bool, places: int = 6, digits: int = 14) -> Decimal | None:
+        """A number for a column of ``digits`` digits before the point and ``places`` after it."""
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             self.error(place, f"expected a number; got {_kind(value)}")
             return None
@@ -255,8 +260,8 @@ class _Parser:
         if not number.is_finite() or number < 0 or (number == 0 and not allow_zero):
             self.error(place, f"{value!r} must be {'0 or more' if allow_zero else 'greater than 0'}")
             return None
-        if number.as_tuple().exponent < -6 or number >= Decimal(10) ** 14:
-            self.error(place, f"{value!r} has too many digits; at most 14 before and 6 after the point")
+        if number.as_tuple().exponent < -places or number >= Decimal(10) ** digits:
+            self.error(place, f"{value!r} has too many digits; at most {digits} before and {places} after the point")
             return None
         return number
 
@@ -292,6 +297,9 @@ class _Parser:
         if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int)):
             self.error(_join(place, "burst"), f"expected a whole number; got {_kind(burst)}")
             burst = None
+        elif burst is not None and burst > MAX_BURST:
+            self.error(_join(place, "burst"), f"{burst} is too large; at most {MAX_BURST}")
+            burst = None
         shadow = raw.get("shadow", False)
         if not isinstance(shadow, bool):
             self.error(_join(place, "shadow"), f"expected true or false; got {_kind(shadow)}")
@@ -313,6 +321,9 @@ class _Parser:
         if not isinstance(reason, str) or not reason.strip():
             self.error(_join(place, "reason"), "say why this override exists, e.g. 'launch week, OPS-12'")
             return None
+        if len(reason.strip()) > 300:
+            self.error(_join(place, "reason"), "at most 300 characters")
+            return None
         return OverrideDoc(metric, amount, window, period, tool, model, burst, shadow, expires_at, reason.strip())
 
     def datetime(self, value: Any, place: str) -> dt.datetime | None:
@@ -331,7 +342,11 @@ class _Parser:
             return None
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.timezone.utc)  # YAML's rule for timestamps without a zone
-        return value.astimezone(dt.timezone.utc)
+        try:
+            return value.astimezone(dt.timezone.utc)
+        except OverflowError:
+            self.error(place, f"{value.isoformat()} is out of range; use a date before year 9999")
+            return None
 
     def limits(self, raw: Any, place: str, *, override: bool) -> list:
         found: dict[tuple, int] = {}
@@ -413,21 +428,23 @@ class _Parser:
             place = f"tiers.{slug}"
             if self.name(slug, place) is None:
                 continue
-            level, description = "", ""
+            level, description = UNSET, UNSET  # absent: the database keeps what it has
             if isinstance(body, dict):
                 body = self.mapping(body, place, ("level", "description", "limits"), ("limits",)) or {}
-                level = body.get("level") or ""
-                if level and level not in Level.__members__.values():
-                    self.error(_join(place, "level"), f"{level!r} is not a level; use one of {choices(Level)}")
-                    level = ""
-                description = body.get("description") or ""
-                if not isinstance(description, str):
-                    self.error(_join(place, "description"), "expected text")
-                    description = ""
+                if "level" in body:
+                    level = body["level"] or ""
+                    if level and level not in Level.__members__.values():
+                        self.error(_join(place, "level"), f"{level!r} is not a level; use one of {choices(Level)}")
+                        level = ""
+                if "description" in body:
+                    description = body["description"] or ""
+                    if not isinstance(description, str):
+                        self.error(_join(place, "description"), "expected text")
+                        description = ""
                 limits = self.limits(body.get("limits"), _join(place, "limits"), override=False)
             else:
                 limits = self.limits(body, place, override=False)
-            self.known_tiers[slug] = level
+            self.known_tiers[slug] = self.known_tiers.get(slug, "") if level is UNSET else level
             result.append(TierDoc(slug=slug, limits=limits, level=level, description=description))
         return result
 
@@ -442,8 +459,8 @@ class _Parser:
             place = f"tool_costs.{tool}"
             if self.name(tool, place) is None:
                 continue
-            if isinstance(weight, bool) or not isinstance(weight, int) or weight <= 0:
-                self.error(place, f"{weight!r} is not a weight; use a whole number of credits, 1 or more")
+            if isinstance(weight, bool) or not isinstance(weight, int) or not 0 < weight <= MAX_WEIGHT:
+                self.error(place, f"{weight!r} is not a weight; use a whole number of credits from 1 to {MAX_WEIGHT}")
                 continue
             result[tool] = weight
         return result
@@ -462,8 +479,9 @@ class _Parser:
             prices = self.mapping(prices, place, ("input", "output"), ("input", "output"))
             if prices is None or "input" not in prices or "output" not in prices:
                 continue
-            price_in = self.decimal(prices["input"], _join(place, "input"), allow_zero=True)
-            price_out = self.decimal(prices["output"], _join(place, "output"), allow_zero=True)
+            # the columns hold 14 digits, 8 of them after the point (prices of a 1K tokens are small)
+            price_in = self.decimal(prices["input"], _join(place, "input"), allow_zero=True, places=8, digits=6)
+            price_out = self.decimal(prices["output"], _join(place, "output"), allow_zero=True, places=8, digits=6)
             if price_in is not None and price_out is not None:
                 result[model] = (price_in, price_out)
         return result

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, models, transaction
+from django.apps import apps
+from django.db import DataError, IntegrityError, models, transaction
 from django.db.models import ProtectedError
 
 from quotas.models import Agent, Limit, Member, ModelPrice, Organization, Override, Team, Tier, ToolCost
@@ -25,6 +26,7 @@ class LoadReport:
     unchanged: int = 0
     deleted: int = 0
     not_in_file: list[str] = field(default_factory=list)
+    also_deleted: dict[str, int] = field(default_factory=dict)  # what the deletions cascaded to, e.g. API keys
 
     def summary(self) -> str:
         return f"{self.created} created, {self.updated} updated, {self.unchanged} unchanged, {self.deleted} deleted"
@@ -85,9 +87,14 @@ class _Loader:
                 continue
             if self.prune:
                 try:
-                    self.report.deleted += stale.delete()[1].get(model._meta.label, 0)
+                    _, per_model = stale.delete()
                 except ProtectedError as exc:
                     raise PolicyFileError([("", f"cannot prune: {exc.args[0]}")]) from None
+                self.report.deleted += per_model.pop(model._meta.label, 0)
+                for label, count in per_model.items():
+                    if label not in {m._meta.label for m in _PRUNE_ORDER}:
+                        name = apps.get_model(label)._meta.verbose_name_plural
+                        self.report.also_deleted[name] = self.report.also_deleted.get(name, 0) + count
             else:
                 self.report.not_in_file.extend(f"{model._meta.verbose_name}: {_label(row)}" for row in stale)
 
@@ -121,13 +128,14 @@ def policy_load(*, doc: PolicyDoc, prune: bool = False) -> LoadReport:
             for model_name, (price_in, price_out) in doc.model_prices.items():
                 loader.upsert(ModelPrice, {"model": model_name}, {"input_per_1k": price_in, "output_per_1k": price_out})
             for tier_doc in doc.tiers:
-                tier = loader.upsert(Tier, {"slug": tier_doc.slug},
-                                     {"level": tier_doc.level, "description": tier_doc.description})
+                values = {name: getattr(tier_doc, name) for name in ("level", "description")
+                          if getattr(tier_doc, name) is not UNSET}
+                tier = loader.upsert(Tier, {"slug": tier_doc.slug}, values)
                 loader.limits({"tier": tier}, tier_doc.limits, Limit)
             for org_doc in doc.orgs:
                 loader.node(org_doc)
             loader.finish()
-    except IntegrityError as exc:
-        # The parser checks what the constraints check; this is the net under it.
+    except (IntegrityError, DataError) as exc:
+        # The parser checks what the constraints and columns check; this is the net under it.
         raise PolicyFileError([("", f"the database refused the policy: {exc}")]) from None
     return loader.report

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import redis
 from collections import defaultdict
@@ -31,13 +30,15 @@ _pending = threading.local()
 def policy_sync_org(*, org: Organization) -> int:
     """Write the compiled policy of ``org`` (every agent, tool weights, prices) in one MULTI. Returns agents written.
 
-    The version is taken before reading Postgres, and the write happens only if Redis does not
-    already hold a newer version: a slow full resync never overwrites a later after-commit sync.
+    The version is Redis's clock (TIME, in microseconds), read before reading Postgres: every
+    process syncing has the same clock, and the write happens only if Redis does not already hold
+    a newer version, so a slow full resync never overwrites a later after-commit sync.
     """
     engine = get_engine()
     keys = engine.keys
     now = timezone.now()
-    version = time.time_ns() // 1000  # microseconds: unique enough, and ordered like the reads
+    seconds, microseconds = engine.client.time()
+    version = seconds * 1_000_000 + microseconds
 
     tier_limits: dict[int, list] = defaultdict(list)
     for limit in Limit.objects.filter(tier__isnull=False):

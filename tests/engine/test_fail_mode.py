@@ -42,3 +42,24 @@ def test_a_read_timeout_is_bounded(redis_client):
         with pytest.raises(QuotaBackendUnavailable):
             engine.check(org="acme", agent="agent-1")
         assert time.monotonic() - started < 3
+
+
+def test_a_full_redis_is_backend_unavailable_not_a_crash(engine, install, redis_client):
+    from tests.engine.conftest import lim
+
+    install(agent=[lim("requests", 5, "1m")])
+    assert engine.check(org="acme", agent="agent-1").allowed
+    limit = redis_client.config_get("maxmemory")["maxmemory"]
+    redis_client.config_set("maxmemory", "1")  # every write is now refused with OOM
+    try:
+        with pytest.raises(QuotaBackendUnavailable, match="OutOfMemoryError"):
+            engine.check(org="acme", agent="agent-1")
+        results = None
+        with pytest.raises(QuotaBackendUnavailable):
+            results = engine.check_many(org="acme", checks=[{"agent": "agent-1"}])
+        assert results is None
+        engine.fail_mode = "open"
+        assert engine.check(org="acme", agent="agent-1").degraded
+        assert [r.degraded for r in engine.check_many(org="acme", checks=[{"agent": "agent-1"}])] == [True]
+    finally:
+        redis_client.config_set("maxmemory", limit)

@@ -21,6 +21,8 @@ class Command(BaseCommand):
         except PolicyFileError as exc:
             raise CommandError(f"{file}: nothing was changed.\n{exc}") from None
         self.stdout.write(self.style.SUCCESS(f"{file}: {report.summary()}"))
+        for name, count in report.also_deleted.items():
+            self.stdout.write(self.style.WARNING(f"  with them deleted: {count} {name}"))
         if report.not_in_file:
             self.stdout.write(
                 f"{len(report.not_in_file)} in the database but not in the file (kept; --prune deletes them):"
