@@ -63,7 +63,7 @@ import logging
 import random
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Generator
@@ -265,7 +265,7 @@ def _decision(body: dict) -> Decision:
     if body["allowed"]:
         blocking = [_limit(item) for item in body.get("would_block") or []]
         missing = [limit for limit in blocking if limit not in limits]  # not expected: they are listed too
-        limits = [replace(limit, passed=False) if limit in blocking else limit for limit in limits + missing]
+        limits = [limit._replace(passed=False) if limit in blocking else limit for limit in limits + missing]
         return Decision(True, reservation=body.get("reservation"), degraded=degraded, limits=limits)
     blocked = _limit(body["blocked_by"])
     if blocked in limits:
@@ -273,7 +273,7 @@ def _decision(body: dict) -> Decision:
     else:  # not expected: the service names one of the limits it lists
         limits.append(blocked)
         index = len(limits) - 1
-    limits[index] = replace(blocked, passed=False)
+    limits[index] = blocked._replace(passed=False)
     retry = body.get("retry_after_ms")
     return Decision(False, retry_after_ms=None if retry is None else int(retry), blocked=index + 1,
                     degraded=degraded, limits=limits)

@@ -33,11 +33,7 @@ def validated(serializer_class, data) -> dict:
 
 
 def limit_json(limit: LimitState) -> dict:
-    return {
-        "level": limit.level, "node": limit.node, "metric": limit.metric, "limit": limit.limit,
-        "remaining": limit.remaining, "window": limit.window, "tool": limit.tool, "model": limit.model,
-        "reset_ms": limit.reset_ms, "shadow": limit.shadow,
-    }
+    return limit.as_dict()
 
 
 def decision_json(decision: Decision) -> dict:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 from decimal import Decimal
 
 LEVELS = ("org", "team", "user", "agent")
 
 
-@dataclass(frozen=True)
-class LimitState:
-    """One limit that applies, and what remains of it."""
+class LimitState(NamedTuple):
+    """One limit that applies, and what remains of it (a named tuple: eight are made per check)."""
 
     level: str
     node: str
