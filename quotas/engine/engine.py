@@ -211,9 +211,7 @@ class QuotaEngine:
                 for i in pending:
                     item = checks[i]
                     known = self._known.get((org, item["agent"])) or self._placeholder(org, item["agent"])
-                    args = ["check", self._now(), " ".join(known.path), item.get("tool") or "",
-                            item.get("model") or "", item.get("tokens", 0), self._new_id(known.path),
-                            self.reservation_ttl_ms, self.sweep_per_check, known.version]
+                    args = self._check_args("check", known, item.get("tool"), item.get("model"), item.get("tokens", 0))
                     pipe.execute_command("FCALL", function_name("check"), len(known.check_keys), *known.check_keys,
                                          *args)
                     sent.append((i, known))
@@ -352,14 +350,9 @@ class QuotaEngine:
             _check_name(kind, value)
         if not org or not agent:
             raise ValueError("org and agent are required")
-        sweep = self.sweep_per_check if mode == "check" else 0
-
-        def args(known: _Known) -> list:
-            return [mode, self._now(), " ".join(known.path), tool or "", model or "", tokens,
-                    self._new_id(known.path), self.reservation_ttl_ms, sweep, known.version]
-
         try:
-            reply, known = self._run("check", org, agent, args, keys=f"{mode}_keys")
+            reply, known = self._run("check", org, agent, lambda known: self._check_args(mode, known, tool, model, tokens),
+                                     keys=f"{mode}_keys")
         except QuotaBackendUnavailable:
             if self.fail_mode == "closed":
                 raise
@@ -367,6 +360,11 @@ class QuotaEngine:
             log.warning("Redis unreachable: admitting %s/%s %s without a check (fail-open)", org, agent, tool or "")
             return Decision(True, degraded=True)
         return self._decision(mode, reply, known)
+
+    def _check_args(self, mode: str, known: _Known, tool: str | None, model: str | None, tokens: int) -> list:
+        """check.lua's ARGV (see its header)."""
+        return [mode, self._now(), " ".join(known.path), tool or "", model or "", tokens, self._new_id(known.path),
+                self.reservation_ttl_ms, self.sweep_per_check if mode == "check" else 0, known.version]
 
     @staticmethod
     def _decision(mode: str, reply: list, known: _Known) -> Decision:
