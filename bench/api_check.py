@@ -267,7 +267,7 @@ def run() -> dict:
                                                     count_allowed=True, **cpu)
     finally:
         stop_gunicorn(proc)
-        keys = list(engine.client.scan_iter(f"{engine.keys.prefix}:*", count=5000))
+        keys = list(engine.client.scan_iter(engine.keys.everything(), count=5000))
         for i in range(0, len(keys), 1000):
             engine.client.delete(*keys[i:i + 1000])
     return results

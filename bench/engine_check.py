@@ -21,7 +21,7 @@ import redis
 
 from bench.common import latencies_us, redis_url, summary, table
 from bench.seed003 import Tier, hierarchical_check
-from quotas.engine import QuotaEngine
+from quotas.engine import Keys, QuotaEngine
 from quotas.engine.compile import NodeLimits, compile_agent, compile_org
 from quotas.policy.document import LimitDoc
 
@@ -42,7 +42,7 @@ def install(client, engine: QuotaEngine, path, limits) -> None:
 
 
 def cleanup(client, prefix: str) -> None:
-    for batch in _chunks(list(client.scan_iter(f"{prefix}:*", count=5000)), 1000):
+    for batch in _chunks(list(client.scan_iter(Keys(prefix).everything(), count=5000)), 1000):
         client.delete(*batch)
 
 

@@ -9,10 +9,10 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from quotas.models import Agent, ApiKey, Limit, Member, ModelPrice, Organization, Override, Team, Tier, ToolCost
+from quotas.models.limits import SPEC_FIELDS
 from quotas.selectors import agent_effective_limits
 from quotas.services.api_keys import api_key_create, api_key_revoke
 
-SPEC_FIELDS = ("metric", "amount", "window", "period", "tool", "model", "burst", "shadow")
 
 
 def changelist_link(model, label: str, count: int, **filters) -> str:

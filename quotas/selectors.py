@@ -7,12 +7,11 @@ from collections import defaultdict
 from django.utils import timezone
 
 from quotas.models import Agent, Limit, Member, ModelPrice, Organization, Override, Team, Tier, ToolCost
-from quotas.models.limits import NODE_OWNERS
+from quotas.models.limits import NODE_OWNERS, SPEC_FIELDS
 from quotas.policy.document import LimitDoc, NodeDoc, OverrideDoc, PolicyDoc, TierDoc, sort_limits
 from quotas.policy.effective import EffectiveLimit, merge_node_limits
 from quotas.vocabulary import Level
 
-SPEC_FIELDS = ("metric", "amount", "window", "period", "tool", "model", "burst", "shadow")
 
 
 def agent_path(agent: Agent) -> list:

@@ -36,6 +36,12 @@ class Period(StrEnum):
 # Metrics whose amounts are money (decimal); the others count whole units.
 MONEY_METRICS = frozenset({Metric.COST})
 
+# Ids of nodes, tiers and tools, and model names: they end up in Redis keys and `|`-separated records.
+SLUG_PATTERN = r"[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?"
+MODEL_PATTERN = r"[A-Za-z0-9](?:[A-Za-z0-9._/@+-]{0,98}[A-Za-z0-9])?"
+SLUG_RE = re.compile(SLUG_PATTERN)  # use with fullmatch
+MODEL_RE = re.compile(MODEL_PATTERN)
+
 _WINDOW_RE = re.compile(r"^\s*([1-9][0-9]*)\s*([smhd])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 WINDOW_HINT = "use 30s, 5m, 1h or 1d"

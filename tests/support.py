@@ -9,7 +9,7 @@ from quotas.services.engine import get_engine
 def clean_redis() -> None:
     """Delete this test run's Redis keys (its random prefix only) and forget what the process cached."""
     engine = get_engine()
-    keys = list(engine.client.scan_iter(f"{engine.keys.prefix}:*", count=1000))
+    keys = list(engine.client.scan_iter(engine.keys.everything(), count=1000))
     if keys:
         engine.client.delete(*keys)
     engine.forget_paths()

@@ -68,7 +68,7 @@ def test_a_policy_file_load_reaches_the_engine(demo, engine):
 @pytest.mark.django_db(transaction=True)
 def test_a_flushed_redis_is_noticed_and_resynced_by_the_first_check(demo, engine):
     before = amounts(engine.peek(org="acme-corp", agent="agent-1"))
-    keys = list(engine.client.scan_iter(f"{engine.keys.prefix}:*", count=1000))
+    keys = list(engine.client.scan_iter(engine.keys.everything(), count=1000))
     engine.client.delete(*keys)  # what FLUSHALL does to our keys, without touching anyone else's
     decision = engine.check(org="acme-corp", agent="agent-1", tool="llm_call", model="gpt-4o", tokens=10)
     assert decision.allowed and amounts(decision) == [a for a in before if a[1] != "concurrency"]

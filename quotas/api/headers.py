@@ -17,10 +17,10 @@ import math
 from decimal import Decimal
 
 from quotas.engine import Decision
+from quotas.vocabulary import parse_window
 
 UNITS = {"requests": "requests", "credits": "credits", "tokens": "tokens", "cost": "usd-micro",
          "concurrency": "concurrent-requests"}
-SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -31,7 +31,7 @@ def _window_seconds(window: str | None, month: tuple[int, int] | None) -> int | 
         return 86400
     if window == "month":
         return calendar.monthrange(*month)[1] * 86400
-    return int(window[:-1]) * SECONDS[window[-1]]
+    return parse_window(window)
 
 
 def _units(metric: str, value) -> int:

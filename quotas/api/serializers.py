@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 from rest_framework import serializers
 
 from quotas.models.fields import model_name_validator, slug_validator
+from quotas.vocabulary import MODEL_RE, SLUG_RE
 
 MAX_TOKENS = 10**9
 MAX_BATCH = 100
@@ -185,8 +184,6 @@ class ErrorOutput(serializers.Serializer):
 # it does not accept outright goes to the serializer, which gives the answer (and the error message).
 # So it must never accept what CheckInput would refuse: tests/api/test_fast_validation.py holds it.
 
-SLUG_RE = re.compile(r"[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?")
-MODEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/@+-]{0,98}[A-Za-z0-9])?")
 CHECK_FIELDS = frozenset(("agent", "tool", "model", "tokens"))
 
 

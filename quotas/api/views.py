@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -15,8 +14,8 @@ from quotas.api.errors import not_found
 from quotas.api.headers import ratelimit_headers
 from quotas.engine import Decision, LimitState, QuotaError, QuotaExceeded, UnknownAgent, UnknownLease, UnknownReservation
 from quotas.services.engine import get_engine
+from quotas.vocabulary import SLUG_RE
 
-SLUG = re.compile(r"[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?")
 ERRORS = {
     400: OpenApiResponse(s.ErrorOutput, description="Bad input: `detail` names the field."),
     401: OpenApiResponse(s.ErrorOutput, description="Missing, unknown or revoked API key."),
@@ -178,7 +177,7 @@ class AgentQuotaView(APIView):
                    parameters=[s.PeekQuery], responses={200: s.QuotaOutput, 404: s.ErrorOutput, **ERRORS})
     def get(self, request, agent: str):
         query = validated(s.PeekQuery, request.query_params.dict())
-        if not SLUG.fullmatch(agent):
+        if not SLUG_RE.fullmatch(agent):
             raise unknown_agent(s.printable(agent))  # not even a possible id
         try:
             decision = get_engine().peek(org=request.user.org, agent=agent, **query)

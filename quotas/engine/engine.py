@@ -27,6 +27,8 @@ from typing import Callable
 
 import redis
 
+from quotas.vocabulary import format_window
+
 from .compile import nanos_to_usd
 from .decision import (
     LEVELS,
@@ -50,14 +52,6 @@ log = logging.getLogger("quotas.engine")
 MAX_TOKENS = 10**9
 UNKNOWN = "?"  # a path part not learnt yet: the script answers "stale" before touching such a key
 Path = tuple[str, str, str, str]
-
-
-def _format_window(ms: int) -> str:
-    seconds = ms // 1000
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@+-]{0,99}")
@@ -435,7 +429,7 @@ class QuotaEngine:
             convert = nanos_to_usd if money else int
             limits.append((
                 LEVELS[entry["lv"] - 1], path[entry["lv"] - 1], entry["m"], convert(entry["a"]),
-                _format_window(entry["w"]) if "w" in entry else (entry.get("p") or None),
+                format_window(entry["w"] // 1000) if "w" in entry else (entry.get("p") or None),
                 entry.get("t"), entry.get("md"), bool(entry.get("sh")),
                 convert(entry["b"]) if "b" in entry else None, entry["id"],
             ))

@@ -61,6 +61,6 @@ class Keys:
     def path_leases(self, org: str, path: tuple[str, str, str, str]) -> list[str]:
         return [self.leases(org, level, node) for level, node in zip(LEVEL_NAMES, path)]
 
-    def org_pattern(self, org: str) -> str:
-        """Every key of one org (for tests and for deleting an org)."""
-        return f"{self._org(org)}:*"
+    def everything(self) -> str:
+        """A SCAN pattern for every key under this prefix (tests and benchmarks clean up with it)."""
+        return f"{self.prefix}:*"

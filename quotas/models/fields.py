@@ -7,16 +7,16 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
-from quotas.vocabulary import WINDOW_HINT, VocabularyError, format_window, parse_window
+from quotas.vocabulary import MODEL_PATTERN, SLUG_PATTERN, WINDOW_HINT, VocabularyError, format_window, parse_window
 
 # Node ids and tool names end up inside Redis keys: no ':', '{', '}' or spaces.
 slug_validator = RegexValidator(
-    r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z",
+    rf"^{SLUG_PATTERN}\Z",
     "Use lowercase letters, digits, '-' and '_' (1-64 characters, starting and ending with a letter or digit), "
     "e.g. 'agent-1'.",
 )
 model_name_validator = RegexValidator(
-    r"^[A-Za-z0-9](?:[A-Za-z0-9._/@+-]{0,98}[A-Za-z0-9])?\Z",
+    rf"^{MODEL_PATTERN}\Z",
     "Use letters, digits, '.', '-', '_', '/', '@' and '+' (1-100 characters), e.g. 'gpt-4o'.",
 )
 

@@ -19,6 +19,7 @@ from .hierarchy import Agent, Member, Organization, Team, Tier
 NODE_OWNERS = ("org", "team", "member", "agent")
 LIMIT_OWNERS = ("tier", *NODE_OWNERS)
 SPEC_KEY = ("metric", "window", "period", "tool", "model")
+SPEC_FIELDS = ("metric", "amount", "window", "period", "tool", "model", "burst", "shadow")  # a LimitSpec's fields
 
 
 def _exactly_one(fields: tuple[str, ...]) -> Q:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -25,6 +24,8 @@ import yaml
 from quotas.policy.rules import limit_spec_errors
 from quotas.vocabulary import (
     LEVELS_TOP_DOWN,
+    MODEL_RE,
+    SLUG_RE,
     MONEY_METRICS,
     Level,
     Metric,
@@ -34,8 +35,6 @@ from quotas.vocabulary import (
     parse_window,
 )
 
-SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z")
-MODEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._/@+-]{0,98}[A-Za-z0-9])?\Z")
 SLUG_HINT = "use lowercase letters, digits, '-' and '_', e.g. 'agent-1'"
 MODEL_HINT = "use letters, digits, '.', '-', '_', '/', '@' and '+', e.g. 'gpt-4o'"
 MAX_WEIGHT = 2_147_483_647  # the column's largest
@@ -242,7 +241,7 @@ class _Parser:
         return value
 
     def name(self, value: Any, place: str, *, pattern=SLUG_RE, hint=SLUG_HINT) -> str | None:
-        if not isinstance(value, str) or not pattern.match(value):
+        if not isinstance(value, str) or not pattern.fullmatch(value):
             self.error(place, f"{value!r} is not a valid name; {hint}")
             return None
         return value

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 import redis
 
-from quotas.engine import QuotaEngine
+from quotas.engine import Keys, QuotaEngine
 from quotas.engine.compile import NodeLimits, compile_agent, compile_org
 from quotas.policy.document import LimitDoc, OverrideDoc
 
@@ -63,7 +63,7 @@ def redis_client():
 def prefix(redis_client):
     prefix = f"aqt{secrets.token_hex(4)}"
     yield prefix
-    keys = list(redis_client.scan_iter(f"{prefix}:*", count=1000))
+    keys = list(redis_client.scan_iter(Keys(prefix).everything(), count=1000))
     if keys:
         redis_client.delete(*keys)
 
