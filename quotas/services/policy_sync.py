@@ -13,6 +13,7 @@ import threading
 
 import redis
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from django.db import transaction
@@ -27,22 +28,39 @@ ALL = "*"
 _pending = threading.local()
 
 
-def policy_sync_org(*, org: Organization) -> int:
-    """Write the compiled policy of ``org`` (every agent, tool weights, prices) in one MULTI. Returns agents written.
+@dataclass
+class _Shared:
+    """What every org's policy uses, read once per sync (a full resync shares it between orgs)."""
 
-    The version is Redis's clock (TIME, in microseconds), read before reading Postgres: every
-    process syncing has the same clock, and the write happens only if Redis does not already hold
-    a newer version, so a slow full resync never overwrites a later after-commit sync.
-    """
-    engine = get_engine()
-    keys = engine.keys
-    now = timezone.now()
-    seconds, microseconds = engine.client.time()
-    version = seconds * 1_000_000 + microseconds
+    version: int
+    tier_limits: dict[int, list]
+    tool_weights: dict[str, int]
+    model_prices: dict[str, tuple]
 
+
+def _read_shared() -> _Shared:
+    """The version is Redis's clock (TIME, in microseconds), read before reading Postgres: every
+    process syncing has the same clock, and a write happens only if Redis does not already hold a
+    newer version, so a slow full resync never overwrites a later after-commit sync."""
+    seconds, microseconds = get_engine().client.time()
     tier_limits: dict[int, list] = defaultdict(list)
     for limit in Limit.objects.filter(tier__isnull=False):
         tier_limits[limit.tier_id].append(limit)
+    return _Shared(
+        version=seconds * 1_000_000 + microseconds,
+        tier_limits=tier_limits,
+        tool_weights=dict(ToolCost.objects.values_list("tool", "weight")),
+        model_prices={price.model: (price.input_per_1k, price.output_per_1k) for price in ModelPrice.objects.all()},
+    )
+
+
+def policy_sync_org(*, org: Organization, shared: _Shared | None = None) -> int:
+    """Write the compiled policy of ``org`` (every agent, tool weights, prices) in one MULTI. Returns agents written."""
+    engine = get_engine()
+    keys = engine.keys
+    now = timezone.now()
+    shared = shared or _read_shared()
+    version, tier_limits = shared.version, shared.tier_limits
     own: dict[tuple[str, int], list] = defaultdict(list)
     for limit in Limit.objects.filter(tier__isnull=True).filter(_owned_by(org)):
         own[_owner(limit)].append(limit)
@@ -72,11 +90,7 @@ def policy_sync_org(*, org: Organization) -> int:
         nodes = (org_node, team_node, member_node, node("agent", "agent", agent))
         blobs[keys.agent_policy(org.slug, agent.slug)] = compile_agent(version=version, path=path, nodes=nodes, now=now)
 
-    org_fields = compile_org(
-        version=version,
-        tool_weights=dict(ToolCost.objects.values_list("tool", "weight")),
-        model_prices={price.model: (price.input_per_1k, price.output_per_1k) for price in ModelPrice.objects.all()},
-    )
+    org_fields = compile_org(version=version, tool_weights=shared.tool_weights, model_prices=shared.model_prices)
     client = engine.client
     org_key, agents_key = keys.org_policy(org.slug), keys.org_agents(org.slug)
     with client.pipeline(transaction=True) as pipe:
@@ -121,8 +135,9 @@ def policy_sync_all(*, progress: Callable[[str, int], None] | None = None) -> in
     """Resync every org and remove the policy of orgs that no longer exist. Returns agents written."""
     total = 0
     slugs = set()
+    shared = _read_shared()
     for org in Organization.objects.order_by("slug"):
-        count = policy_sync_org(org=org)
+        count = policy_sync_org(org=org, shared=shared)
         slugs.add(org.slug)
         total += count
         if progress:
