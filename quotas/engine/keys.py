@@ -11,6 +11,7 @@ lives in one Redis Cluster slot; scripts get them all in KEYS.
     aq:{acme-corp}:rq                       list: "pushed_ms:id"; entries fall due (pushed + TTL) in list order
     aq:{acme-corp}:usage                    stream: usage events for the spend pipeline
     aq:{acme-corp}:agents                   set: agent policy keys written by the last sync (to delete removed agents)
+    aq:{acme-corp}:spent                    set: agents the drain saw spend since the budget alerts last looked
     aq:orgs                                 set: orgs whose policy is in Redis (no hash tag: only policy sync uses it)
 """
 
@@ -48,6 +49,9 @@ class Keys:
 
     def usage_stream(self, org: str) -> str:
         return f"{self._org(org)}:usage"
+
+    def spent_agents(self, org: str) -> str:
+        return f"{self._org(org)}:spent"
 
     def org_agents(self, org: str) -> str:
         return f"{self._org(org)}:agents"

@@ -76,6 +76,14 @@ class Node(models.Model):
 class Organization(Node):
     level = Level.ORG
     slug = models.CharField("id", max_length=64, unique=True, validators=[slug_validator])
+    alert_webhook_url = models.URLField(
+        "budget alert webhook", max_length=500, blank=True,
+        help_text="Budget alerts are POSTed here as JSON (and always logged). Empty: logged only.",
+    )
+    viewers = models.ManyToManyField(
+        "auth.User", blank=True, related_name="viewable_orgs",
+        help_text="Users who see this org's dashboard (staff see every org).",
+    )
 
     class Meta(Node.Meta):
         verbose_name = "organization"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.contrib.postgres.fields import ArrayField
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -96,6 +97,11 @@ class LimitSpec(models.Model):
         null=True, blank=True, help_text="Token bucket: up to this many at once, refilled at limit/window."
     )
     shadow = models.BooleanField(default=False, help_text="Report what would be blocked, never block.")
+    alert_at = ArrayField(
+        models.PositiveSmallIntegerField(), null=True, blank=True, verbose_name="alert at (%)",
+        help_text="Budget alert thresholds in percent, e.g. 50,80,100. Empty: 50,80,100 for cost and token "
+        "budgets, none for other metrics.",
+    )
 
     class Meta:
         abstract = True
