@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -156,6 +157,9 @@ if QUOTAS_FAIL_MODE not in {"closed", "open"}:
 QUOTAS_RESERVATION_TTL_S = env_int("QUOTAS_RESERVATION_TTL_S", 600, minimum=1)
 # Seconds between full policy resyncs (repairs a flushed or restarted Redis).
 QUOTAS_RESYNC_INTERVAL_S = env_int("QUOTAS_RESYNC_INTERVAL_S", 60, minimum=1)
+# The spend pipeline: how often beat drains the usage streams, and how many entries a batch holds.
+QUOTAS_DRAIN_INTERVAL_S = env_int("QUOTAS_DRAIN_INTERVAL_S", 5, minimum=1)
+QUOTAS_DRAIN_BATCH = env_int("QUOTAS_DRAIN_BATCH", 5000, minimum=1)
 
 # ---------------------------------------------------------------------------
 # Celery: configured from these CELERY_* settings (namespace="CELERY").
@@ -169,6 +173,10 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE = {
     "sync-policy": {"task": "quotas.tasks.sync_policy_all", "schedule": QUOTAS_RESYNC_INTERVAL_S},
     "sweep-reservations": {"task": "quotas.tasks.sweep_reservations", "schedule": 30},
+    "drain-usage": {"task": "quotas.tasks.drain_usage", "schedule": QUOTAS_DRAIN_INTERVAL_S},
+    # Every 15 minutes: the first run after 00:00 UTC rolls up the day before; later runs catch up
+    # days a late event un-rolled (and days missed while beat was down).
+    "roll-up-days": {"task": "quotas.tasks.roll_up_days", "schedule": crontab(minute="*/15")},
 }
 
 # ---------------------------------------------------------------------------

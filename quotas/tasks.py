@@ -7,6 +7,8 @@ from celery import shared_task
 from quotas.models import Organization
 from quotas.services.engine import get_engine
 from quotas.services.policy_sync import policy_sync_all
+from quotas.services.rollups import roll_up_due_days
+from quotas.services.usage_drain import drain_all
 
 
 @shared_task(ignore_result=True)
@@ -20,3 +22,15 @@ def sweep_reservations() -> int:
     """Expire overdue reservations of every org (they count at their estimate)."""
     engine = get_engine()
     return sum(engine.sweep(org=slug) for slug in Organization.objects.values_list("slug", flat=True))
+
+
+@shared_task(ignore_result=True)
+def drain_usage() -> int:
+    """Move what the usage streams hold into the hourly rollups (skips a stream another drain holds)."""
+    return drain_all().events
+
+
+@shared_task(ignore_result=True)
+def roll_up_days() -> int:
+    """Daily rollups of the finished days that have none (or whose rollup a late event undid)."""
+    return len(roll_up_due_days())
