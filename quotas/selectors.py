@@ -42,7 +42,8 @@ def agent_effective_limits(*, agent: Agent, now=None) -> list[EffectiveLimit]:
 
 
 def _spec(row, doc_class=LimitDoc, **extra):
-    return doc_class(**{name: getattr(row, name) for name in SPEC_FIELDS}, **extra)
+    alert_at = None if row.alert_at is None else tuple(sorted(row.alert_at))
+    return doc_class(**{name: getattr(row, name) for name in SPEC_FIELDS}, alert_at=alert_at, **extra)
 
 
 def policy_export() -> PolicyDoc:

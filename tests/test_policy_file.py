@@ -123,6 +123,8 @@ def limit_data(draw, *, override=False):
             item["tool"] = draw(st.sampled_from(["web_search", "llm_call", "delete_record"]))
         if draw(st.booleans()):
             item["model"] = draw(st.sampled_from(["gpt-4o", "claude-sonnet-4"]))
+        if draw(st.booleans()):  # budget alert thresholds, in any order; [] turns the default off
+            item["alert_at"] = draw(st.lists(st.integers(1, 1000), unique=True, max_size=4))
     if draw(st.booleans()):
         item["shadow"] = True
     if override:
@@ -267,6 +269,29 @@ def test_overrides_load_with_expiry_and_reason():
     assert exported() == parse_policy(data).to_data()
 
 
+def test_alert_at_loads_exports_and_updates_in_place():
+    data = demo_data()
+    org = data["orgs"][0]
+    org["limits"][2]["alert_at"] = [90, 25]  # cost 500/day: any order, stored sorted
+    org["limits"][0]["alert_at"] = []  # tokens 1M/h: no alerts at all
+    load(data)
+    limits = {limit.metric: limit for limit in Organization.objects.get(slug="acme-corp").limits.all()}
+    assert (limits["cost"].alert_at, limits["tokens"].alert_at, limits["requests"].alert_at) == ([25, 90], [], None)
+    exported_org = exported()["orgs"][0]
+    assert {item["metric"]: item.get("alert_at") for item in exported_org["limits"]} == {
+        "cost": [25, 90], "tokens": [], "requests": None,
+    }
+    assert "{metric: cost, limit: 500, period: day, alert_at: [25, 90]}" in dump_policy(exported())  # one line a limit
+
+    org["limits"][2]["alert_at"] = [80]
+    del org["limits"][0]["alert_at"]  # back to the default
+    report = load(data)
+    assert report.updated == 2
+    limits = {limit.metric: limit for limit in Organization.objects.get(slug="acme-corp").limits.all()}
+    assert (limits["cost"].alert_at, limits["tokens"].alert_at) == ([80], None)
+    assert exported() == parse_policy(data).to_data()
+
+
 # ---------------------------------------------------------------------------
 # Bad files: the error names the place and the fix; nothing is written
 # ---------------------------------------------------------------------------
@@ -359,6 +384,34 @@ BAD_FILES = [
     (
         mutate(("orgs",), {"id": "acme-corp"}),
         "orgs: expected a list; got a mapping",
+    ),
+    (
+        mutate(("orgs", 0, "limits", 0), {"metric": "cost", "limit": 500, "period": "month", "alert_at": [50, 90, 50]}),
+        "orgs[0].limits[0].alert_at: 50 appears more than once; list each threshold once",
+    ),
+    (
+        mutate(("orgs", 0, "limits", 0), {"metric": "cost", "limit": 500, "period": "month", "alert_at": [0, 90]}),
+        "orgs[0].limits[0].alert_at: 0 is not a percent from 1 to 1000; use e.g. [50, 80, 100]",
+    ),
+    (
+        mutate(("orgs", 0, "limits", 0), {"metric": "cost", "limit": 500, "period": "month", "alert_at": [1001]}),
+        "orgs[0].limits[0].alert_at: 1001 is not a percent from 1 to 1000; use e.g. [50, 80, 100]",
+    ),
+    (
+        mutate(("orgs", 0, "limits", 0), {"metric": "cost", "limit": 500, "period": "month", "alert_at": [50, 87.5]}),
+        "orgs[0].limits[0].alert_at: 87.5 (float) is not a percent; use whole numbers such as [50, 80, 100]",
+    ),
+    (
+        mutate(("orgs", 0, "limits", 0), {"metric": "cost", "limit": 500, "period": "month", "alert_at": 80}),
+        "orgs[0].limits[0].alert_at: expected a list of percents such as [50, 80, 100]; got 80 (int)",
+    ),
+    (
+        mutate((*ALICE, "limits", 1), {"metric": "concurrency", "limit": 3, "alert_at": [80]}),
+        "orgs[0].teams[0].users[0].limits[1].alert_at: a concurrency limit counts leases held at once, not a budget; leave alert_at empty",
+    ),
+    (
+        mutate((*ALICE, "overrides"), [{"metric": "tokens", "limit": 5, "window": "1h", "reason": "x", "alert_at": [True]}]),
+        "orgs[0].teams[0].users[0].overrides[0].alert_at: true (a boolean) is not a percent; use whole numbers such as [50, 80, 100]",
     ),
 ]
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.db import models
 
-DEFAULT_THRESHOLDS = (50, 80, 100)  # percent of a cost or token budget, unless a limit says otherwise
+from quotas.policy.rules import DEFAULT_ALERT_THRESHOLDS
+
+DEFAULT_THRESHOLDS = DEFAULT_ALERT_THRESHOLDS  # percent of a cost or token budget, unless a limit says otherwise
 
 
 class BudgetAlert(models.Model):

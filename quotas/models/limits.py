@@ -116,6 +116,7 @@ class LimitSpec(models.Model):
             tool=self.tool,
             model=self.model,
             burst=self.burst,
+            alert_at=self.alert_at,
         )
         if errors:
             raise ValidationError(errors)

@@ -62,6 +62,9 @@ class LimitDoc:
     model: str = ""
     burst: int | None = None
     shadow: bool = False
+    # Budget alert thresholds (percents), sorted; None: the default for the metric; (): no alerts.
+    # Keyword-only, so positional construction (metric, amount, window, ...) is unchanged.
+    alert_at: tuple[int, ...] | None = field(default=None, kw_only=True)
 
     @property
     def key(self) -> tuple:
@@ -82,6 +85,8 @@ class LimitDoc:
             data["burst"] = self.burst
         if self.shadow:
             data["shadow"] = True
+        if self.alert_at is not None:
+            data["alert_at"] = list(self.alert_at)
         return data
 
 
@@ -267,7 +272,7 @@ class _Parser:
     # -- limits ---------------------------------------------------------------
 
     def limit(self, raw: Any, place: str, *, override: bool) -> LimitDoc | None:
-        keys = ("metric", "limit", "window", "period", "tool", "model", "burst", "shadow")
+        keys = ("metric", "limit", "window", "period", "tool", "model", "burst", "shadow", "alert_at")
         if override:
             keys += ("expires_at", "reason")
         raw = self.mapping(raw, place, keys, ("metric", "limit", *(("reason",) if override else ())))
@@ -303,18 +308,20 @@ class _Parser:
         if not isinstance(shadow, bool):
             self.error(_join(place, "shadow"), f"expected true or false; got {_kind(shadow)}")
             shadow = False
+        alert_at = self.alert_at(raw.get("alert_at"), _join(place, "alert_at"), present="alert_at" in raw)
         reported = {where for where, _ in self.errors[before:]}
         for key, message in limit_spec_errors(
             metric=metric, amount=amount, window_seconds=window, period=str(period), tool=tool, model=model,
-            burst=burst,
+            burst=burst, alert_at=alert_at,
         ).items():
             where = _join(place, "limit" if key == "amount" else key)
             if where not in reported:  # one message per field: the first says what is wrong
                 self.error(where, message)
         if len(self.errors) > before:
             return None
+        alert_at = None if alert_at is None else tuple(sorted(alert_at))
         if not override:
-            return LimitDoc(metric, amount, window, period, tool, model, burst, shadow)
+            return LimitDoc(metric, amount, window, period, tool, model, burst, shadow, alert_at=alert_at)
         expires_at = self.datetime(raw.get("expires_at"), _join(place, "expires_at"))
         reason = raw.get("reason")
         if not isinstance(reason, str) or not reason.strip():
@@ -323,7 +330,21 @@ class _Parser:
         if len(reason.strip()) > 300:
             self.error(_join(place, "reason"), "at most 300 characters")
             return None
-        return OverrideDoc(metric, amount, window, period, tool, model, burst, shadow, expires_at, reason.strip())
+        return OverrideDoc(metric, amount, window, period, tool, model, burst, shadow, expires_at, reason.strip(),
+                           alert_at=alert_at)
+
+    def alert_at(self, value: Any, place: str, *, present: bool) -> list[int] | None:
+        """A list of whole percents (the rules check range and repeats); absent or null: the default."""
+        if not present or value is None:
+            return None
+        if not isinstance(value, list):
+            self.error(place, f"expected a list of percents such as [50, 80, 100]; got {_kind(value)}")
+            return None
+        for percent in value:
+            if isinstance(percent, bool) or not isinstance(percent, int):
+                self.error(place, f"{_kind(percent)} is not a percent; use whole numbers such as [50, 80, 100]")
+                return None
+        return value
 
     def datetime(self, value: Any, place: str) -> dt.datetime | None:
         if value is None:
@@ -539,12 +560,22 @@ class _Dumper(yaml.SafeDumper):
     """Block style for the tree, flow style for leaf mappings (a limit per line)."""
 
 
+def _scalar(value: Any) -> bool:
+    return not isinstance(value, (dict, list))
+
+
 def _represent_dict(dumper: yaml.SafeDumper, data: dict):
-    leaf = all(not isinstance(value, (dict, list)) for value in data.values())
+    # a list of scalars (a limit's alert_at) keeps a limit on one line
+    leaf = all(_scalar(value) or (isinstance(value, list) and all(map(_scalar, value))) for value in data.values())
     return dumper.represent_mapping("tag:yaml.org,2002:map", data.items(), flow_style=leaf)
 
 
+def _represent_list(dumper: yaml.SafeDumper, data: list):
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=bool(data) and all(map(_scalar, data)))
+
+
 _Dumper.add_representer(dict, _represent_dict)
+_Dumper.add_representer(list, _represent_list)
 
 
 def dump_policy(data: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Iterable, Protocol
 
+from quotas.policy.rules import alert_thresholds
 from quotas.vocabulary import Level, format_window
 
 
@@ -40,10 +41,16 @@ class EffectiveLimit:
     source: str  # "tier standard-agent", "own", "override"
     expires_at: dt.datetime | None = None  # overrides only
     reason: str = ""
+    alert_at: tuple[int, ...] | None = None  # as set on the limit; None: the default for its metric
 
     @property
     def key(self) -> tuple:
         return (self.metric, self.window, self.period, self.tool, self.model)
+
+    @property
+    def alert_thresholds(self) -> tuple[int, ...]:
+        """Budget alert thresholds (percents) in force: explicit, or the default for cost and tokens."""
+        return alert_thresholds(metric=self.metric, alert_at=self.alert_at)
 
     @property
     def span(self) -> str:
@@ -70,12 +77,14 @@ def merge_node_limits(
     for source, specs in sources:
         for spec in specs:
             expires_at = getattr(spec, "expires_at", None)
+            alert_at = getattr(spec, "alert_at", None)
             if source == "override" and expires_at is not None and expires_at <= now:
                 continue
             limit = EffectiveLimit(
                 level=level, node=node, metric=spec.metric, amount=spec.amount, window=spec.window,
                 period=spec.period, tool=spec.tool, model=spec.model, burst=spec.burst, shadow=spec.shadow,
                 source=source, expires_at=expires_at, reason=getattr(spec, "reason", ""),
+                alert_at=None if alert_at is None else tuple(alert_at),
             )
             merged[limit.key] = limit
     return list(merged.values())

@@ -61,6 +61,7 @@ class _Loader:
             lookup = dict(owner, metric=spec.metric, window=spec.window, period=spec.period, tool=spec.tool,
                           model=spec.model)
             values = {name: getattr(spec, name) for name in (*SPEC_VALUES, *extra_values)}
+            values["alert_at"] = None if spec.alert_at is None else list(spec.alert_at)  # the column holds a list
             self.upsert(model, lookup, values)
 
     def node(self, doc: NodeDoc, *, org: Organization | None = None, parent: models.Model | None = None):
