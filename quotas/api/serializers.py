@@ -102,7 +102,7 @@ class DailySpendQuery(StrictSerializer):
     locals()["from"] = serializers.DateField(help_text="First day, YYYY-MM-DD (UTC).")
     to = serializers.DateField(help_text="Last day, YYYY-MM-DD (UTC), inclusive.")
     group_by = serializers.ChoiceField(choices=GROUPS, required=False, default="team")
-    format = serializers.ChoiceField(choices=("json",), required=False, default="json")
+    format = serializers.ChoiceField(choices=("json", "csv"), required=False, default="json")
 
     def validate(self, data):
         if data["from"] > data["to"]:
@@ -166,11 +166,26 @@ class QuotaOutput(serializers.Serializer):
     limits = LimitOutput(many=True)
 
 
+class DailySpendRow(serializers.Serializer):
+    day = serializers.DateField()
+    team = serializers.CharField(required=False, help_text="The group's value, under the group_by name "
+                                 "(team, user, agent, model or tool; empty for calls with no tool or model).")
+    requests = serializers.IntegerField(help_text="Admitted checks.")
+    credits = serializers.IntegerField(help_text="Tool weights of the admitted checks.")
+    tokens = serializers.IntegerField(help_text="As budgets count them: the estimate until settled, then the actual.")
+    input_tokens = serializers.IntegerField(help_text="Settled input tokens.")
+    output_tokens = serializers.IntegerField(help_text="Settled output tokens.")
+    cost = serializers.DecimalField(max_digits=24, decimal_places=9, coerce_to_string=True,
+                                    help_text="USD as a decimal string, exact (estimate until settled).")
+    unsettled = serializers.IntegerField(help_text="Reservations that expired without a usage report.")
+    denied = serializers.IntegerField(help_text="Refused checks.")
+
+
 class DailySpendOutput(serializers.Serializer):
     locals()["from"] = serializers.DateField()
     to = serializers.DateField()
     group_by = serializers.CharField()
-    rows = serializers.ListField(child=serializers.DictField())
+    rows = DailySpendRow(many=True)
 
 
 class ErrorOutput(serializers.Serializer):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -13,6 +14,7 @@ from quotas.api import serializers as s
 from quotas.api.errors import not_found
 from quotas.api.headers import ratelimit_headers
 from quotas.engine import Decision, LimitState, QuotaError, QuotaExceeded, UnknownAgent, UnknownLease, UnknownReservation
+from quotas.services import reports
 from quotas.services.engine import get_engine
 from quotas.vocabulary import SLUG_RE
 
@@ -190,12 +192,21 @@ class AgentQuotaView(APIView):
 
 
 class DailySpendView(APIView):
-    @extend_schema(summary="Spend per day, grouped by team, user, agent, model or tool",
-                   parameters=[s.DailySpendQuery], responses={200: s.DailySpendOutput, **ERRORS})
+    @extend_schema(summary="Spend per day, grouped by team, user, agent, model or tool (JSON, or CSV with format=csv)",
+                   parameters=[s.DailySpendQuery],
+                   responses={200: OpenApiResponse(s.DailySpendOutput, description="JSON; text/csv with format=csv"),
+                              **ERRORS})
     def get(self, request):
         query = validated(s.DailySpendQuery, request.query_params.dict())
-        # The spend pipeline (usage stream -> rollups) comes with issue 5; until then no rows.
-        return Response({"from": query["from"], "to": query["to"], "group_by": query["group_by"], "rows": []})
+        start, end, group_by = query["from"], query["to"], query["group_by"]
+        rows = reports.daily_spend(org=request.user.org, start=start, end=end, group_by=group_by)
+        if query["format"] == "csv":
+            response = HttpResponse(reports.as_csv(rows, group_by), content_type="text/csv; charset=utf-8")
+            name = f"daily-spend-{request.user.org}-{start}-{end}-by-{group_by}.csv"
+            response["Content-Disposition"] = f'attachment; filename="{name}"'
+            return response
+        return Response({"from": start, "to": end, "group_by": group_by,
+                         "rows": [row.as_dict(group_by) for row in rows]})
 
 
 def api_not_found(request, *args, **kwargs):

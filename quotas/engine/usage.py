@@ -66,3 +66,34 @@ def parse_event(fields: dict) -> UsageEvent:
         est_cost=nanos_to_usd(number("est_cost_nanos")), ts_ms=number("ts_ms"), reservation=v["reservation"],
         unsettled=v["unsettled"] == "1",
     )
+
+
+# -- rollups ------------------------------------------------------------------------------------
+# What an hourly rollup row adds up, in this order (quotas.models.spend.MEASURES, cost in nano-USD).
+MEASURES = ("requests", "credits", "tokens", "input_tokens", "output_tokens", "cost_nanos", "unsettled", "denied")
+HOUR_MS = 3_600_000
+
+
+def add_to_rollups(totals: dict[tuple, list[int]], raw: str) -> None:
+    """Add one event (an entry's ``e`` field) to ``totals``: (org, hour_ms, team, user, agent, tool, model) -> MEASURES.
+
+    Tokens and cost count as the budgets count them: a check adds its estimate, a settlement the
+    difference between the actual and that estimate, an expiry nothing (the estimate stays; it
+    counts one unsettled reservation). So the sums equal what was charged, whatever is still open.
+    """
+    v = raw.split("|")
+    if len(v) != len(FIELDS) or v[0] not in KINDS:
+        raise ValueError(f"not a usage event: {raw!r}")
+    key = (v[1], int(v[15]) // HOUR_MS * HOUR_MS, v[2], v[3], v[4], v[5], v[6])
+    row = totals.get(key)
+    if row is None:
+        row = totals[key] = [0, 0, 0, 0, 0, 0, 0, 0]
+    row[0] += int(v[7])
+    row[1] += int(v[8])
+    row[2] += int(v[9]) - int(v[13])
+    row[3] += int(v[10])
+    row[4] += int(v[11])
+    row[5] += int(v[12]) - int(v[14])
+    row[6] += v[17] == "1"
+    row[7] += v[0] == "deny"
+

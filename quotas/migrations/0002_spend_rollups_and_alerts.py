@@ -122,7 +122,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'verbose_name_plural': 'hourly spend',
-                'constraints': [models.UniqueConstraint(fields=('org', 'hour', 'team', 'user', 'agent', 'tool', 'model'), name='hourly_spend_unique')],
+                'constraints': [models.UniqueConstraint(fields=('hour', 'org', 'team', 'user', 'agent', 'tool', 'model'), name='hourly_spend_unique')],
             },
         ),
     ]

@@ -47,7 +47,8 @@ class HourlySpend(SpendRow):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["org", "hour", *DIMENSIONS], name="hourly_spend_unique"),
+            # hour first: the daily rollup reads a day of every org; a report reads an org's few open days.
+            models.UniqueConstraint(fields=["hour", "org", *DIMENSIONS], name="hourly_spend_unique"),
         ]
         verbose_name_plural = "hourly spend"
 

@@ -1,0 +1,244 @@
+"""The spend pipeline's first half: each org's usage stream, drained into the hourly rollups.
+
+Nothing that reached a stream is lost or counted twice:
+
+- Entries are read through a consumer group, so an entry read and not acknowledged stays pending
+  in the group: a drain that dies, or whose Postgres write fails, leaves its batch there, and the
+  next drain reclaims it (XAUTOCLAIM) before it reads anything new.
+- A batch is added to the rollups in one transaction, together with the stream's cursor (the newest
+  entry applied). An entry at or before the cursor is acknowledged without being counted again: that
+  is the worker killed after its commit and before its XACK.
+- One drain at a time per stream (a Postgres advisory lock, held for the whole drain, released if
+  the process dies). With one drainer reading pending entries first and then new ones, both in
+  stream order, "at or before the cursor" means exactly "already applied".
+- Once applied, entries are trimmed from the stream (XTRIM MINID): its memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+from quotas.engine.compile import nanos_to_usd
+from quotas.engine.usage import EVENT_FIELD, add_to_rollups
+from quotas.models import HourlySpend, Organization, RolledDay, StreamCursor
+from quotas.models.spend import DIMENSIONS, MEASURES
+from quotas.services.engine import get_engine
+
+log = logging.getLogger("quotas.drain")
+
+GROUP = "rollups"
+# Advisory lock namespaces (the first key of pg_advisory_lock(int, int)).
+STREAM_LOCK = 0x61710001  # one drain per stream
+DAY_LOCK = 0x61710002  # a day's rollup against a drain adding to that day (quotas.services.rollups)
+
+
+class DrainConflict(RuntimeError):
+    """The cursor moved under a drain that held the stream's lock: something else drained it."""
+
+
+@dataclass
+class DrainResult:
+    events: int = 0  # entries added to the rollups
+    repeats: int = 0  # entries already applied (acknowledged without counting)
+    batches: int = 0
+    busy: list[str] = field(default_factory=list)  # streams another drain holds
+
+    def __iadd__(self, other: DrainResult) -> DrainResult:
+        self.events += other.events
+        self.repeats += other.repeats
+        self.batches += other.batches
+        self.busy += other.busy
+        return self
+
+
+def consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def drain_all(*, batch: int | None = None, max_seconds: float = 60.0, progress=None) -> DrainResult:
+    """Drain every org's stream (orgs in Postgres, and any other whose policy is in Redis)."""
+    engine = get_engine()
+    orgs = set(Organization.objects.values_list("slug", flat=True))
+    orgs.update(engine.client.smembers(engine.keys.org_index()))
+    deadline = time.monotonic() + max_seconds
+    total = DrainResult()
+    for org in sorted(orgs):
+        total += drain_org(org, batch=batch, deadline=deadline, progress=progress)
+    return total
+
+
+def drain_org(org: str, *, batch: int | None = None, deadline: float | None = None, progress=None) -> DrainResult:
+    """Drain one org's usage stream until it is empty (or the deadline passes)."""
+    engine = get_engine()
+    drain = _StreamDrain(
+        engine.client, engine.keys.usage_stream(org), engine.keys.spent_agents(org),
+        batch=batch or settings.QUOTAS_DRAIN_BATCH, progress=progress,
+    )
+    with _stream_lock(drain.stream) as locked:
+        if not locked:
+            return DrainResult(busy=[drain.stream])
+        return drain.run(deadline)
+
+
+class _StreamDrain:
+    def __init__(self, client: redis.Redis, stream: str, spent_key: str, *, batch: int, progress=None):
+        self.client = client
+        self.stream = stream
+        self.spent_key = spent_key
+        self.batch = batch
+        self.progress = progress
+        self.consumer = consumer_name()
+        self.result = DrainResult()
+
+    def run(self, deadline: float | None) -> DrainResult:
+        self._ensure_group()
+        cursor, _ = StreamCursor.objects.get_or_create(stream=self.stream)
+        self.last = (cursor.last_ms, cursor.last_seq)
+        # 1. What earlier drains read and did not acknowledge (they died, or their write failed).
+        start = "0-0"
+        while True:
+            start, entries, deleted = self.client.xautoclaim(
+                self.stream, GROUP, self.consumer, min_idle_time=0, start_id=start, count=self.batch
+            )[:3]
+            if deleted:  # trimmed while pending: applied (only applied entries are trimmed)
+                self.client.xack(self.stream, GROUP, *deleted)
+            if entries:
+                self._apply(entries)
+            if start == "0-0":
+                break
+        # 2. What is new.
+        while deadline is None or time.monotonic() < deadline:
+            reply = self.client.xreadgroup(GROUP, self.consumer, {self.stream: ">"}, count=self.batch)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            self._apply(entries)
+        # 3. Trim what is applied. Everything before the cursor was applied: delivered in order,
+        # and the cursor moves only in a committed transaction.
+        if self.last != (0, 0):
+            self.client.xtrim(self.stream, minid=f"{self.last[0]}-{self.last[1]}", approximate=False)
+        return self.result
+
+    def _ensure_group(self) -> None:
+        try:
+            self.client.xgroup_create(self.stream, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+
+    def _apply(self, entries: list) -> None:
+        ids = [entry_id for entry_id, _ in entries]
+        fresh = [(entry_id, fields) for entry_id, fields in entries if _parse_id(entry_id) > self.last]
+        if fresh:
+            totals: dict[tuple, list[int]] = {}
+            for entry_id, fields in fresh:
+                try:
+                    add_to_rollups(totals, fields[EVENT_FIELD])
+                except (KeyError, ValueError):
+                    # Not an event of ours: counting it is impossible, keeping it would block the stream.
+                    log.error("usage stream %s: entry %s is no usage event, skipped: %r", self.stream, entry_id, fields)
+            newest = _parse_id(fresh[-1][0])
+            _write_batch(self.stream, self.last, newest, len(fresh), totals)
+            self.last = newest
+            agents = {key[4] for key in totals}
+            if agents:
+                self.client.sadd(self.spent_key, *agents)
+        self.client.xack(self.stream, GROUP, *ids)
+        self.result.events += len(fresh)
+        self.result.repeats += len(ids) - len(fresh)
+        self.result.batches += 1
+        if self.progress:
+            self.progress(self.stream, self.result)
+
+
+def _parse_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
+def _write_batch(stream: str, expected: tuple[int, int], newest: tuple[int, int], events: int,
+                 totals: dict[tuple, list[int]]) -> None:
+    """Add a batch to the hourly rollups and move the stream's cursor, in one transaction."""
+    with transaction.atomic():
+        cursor = StreamCursor.objects.select_for_update().get(stream=stream)
+        if (cursor.last_ms, cursor.last_seq) != expected:
+            raise DrainConflict(f"{stream}: cursor at {cursor.last_id}, expected {expected[0]}-{expected[1]}")
+        if totals:
+            days = sorted({datetime.fromtimestamp(key[1] // 1000, UTC).date() for key in totals})
+            _lock_days(days)
+            _upsert_hourly(totals)
+            RolledDay.objects.filter(day__in=days).delete()  # a late event: read the day from its hours again
+        cursor.last_ms, cursor.last_seq = newest
+        cursor.events += events
+        cursor.save(update_fields=["last_ms", "last_seq", "events", "updated_at"])
+
+
+def _lock_days(days: list[date]) -> None:
+    with connection.cursor() as cur:
+        for day in days:  # in order: two transactions never wait on each other in a cycle
+            cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [DAY_LOCK, day.toordinal()])
+
+
+_COLUMNS = ("org", "hour", *DIMENSIONS, *MEASURES)
+_TYPES = ("text", "timestamptz", *["text"] * len(DIMENSIONS), *["bigint"] * 5, "numeric", "bigint", "bigint")
+
+
+def _upsert_hourly(totals: dict[tuple, list[int]]) -> None:
+    """One INSERT ... ON CONFLICT for the whole batch: one array per column."""
+    table = HourlySpend._meta.db_table
+    columns = [HourlySpend._meta.get_field(name).column for name in _COLUMNS]
+    measures = [HourlySpend._meta.get_field(name).column for name in MEASURES]
+    quoted = ", ".join(connection.ops.quote_name(column) for column in columns)
+    arrays = ", ".join(f"%s::{kind}[]" for kind in _TYPES)
+    updates = ", ".join(
+        f"{connection.ops.quote_name(c)} = {table}.{connection.ops.quote_name(c)} + EXCLUDED.{connection.ops.quote_name(c)}"
+        for c in measures
+    )
+    key = ", ".join(connection.ops.quote_name(c) for c in columns[: 2 + len(DIMENSIONS)])
+    hours: dict[int, datetime] = {}
+    data: list[list] = [[] for _ in _COLUMNS]
+    for (org, hour_ms, *dimensions), values in totals.items():
+        hour = hours.get(hour_ms) or hours.setdefault(hour_ms, datetime.fromtimestamp(hour_ms / 1000, UTC))
+        row = [org, hour, *dimensions, *values]
+        row[2 + len(DIMENSIONS) + 5] = nanos_to_usd(row[2 + len(DIMENSIONS) + 5])
+        for column, value in zip(data, row):
+            column.append(value)
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {table} ({quoted}) SELECT * FROM unnest({arrays}) "
+            f"ON CONFLICT ({key}) DO UPDATE SET {updates}",
+            data,
+        )
+
+
+class _stream_lock:
+    """A session advisory lock on one stream, tried without waiting; released on exit (or when the
+    connection ends: a killed drain holds nothing)."""
+
+    def __init__(self, stream: str):
+        self.stream = stream
+        self.locked = False
+
+    def __enter__(self) -> bool:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [STREAM_LOCK, self.stream])
+            self.locked = cur.fetchone()[0]
+        return self.locked
+
+    def __exit__(self, *exc) -> None:
+        if not self.locked:
+            return
+        try:
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [STREAM_LOCK, self.stream])
+        except Exception:  # the connection is gone, and the lock with it
+            connection.close()
