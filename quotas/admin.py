@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.contrib.postgres.forms import SimpleArrayField
+from django.core.exceptions import ValidationError
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import format_html
 
-from quotas.models import Agent, ApiKey, Limit, Member, ModelPrice, Organization, Override, Team, Tier, ToolCost
+from quotas.models import (
+    Agent, ApiKey, BudgetAlert, Limit, Member, ModelPrice, Organization, Override, Team, Tier, ToolCost,
+)
 from quotas.models.limits import SPEC_FIELDS
+from quotas.policy.rules import DEFAULT_ALERT_THRESHOLDS
 from quotas.selectors import agent_effective_limits
 from quotas.services.api_keys import api_key_create, api_key_revoke
 
@@ -21,16 +28,74 @@ def changelist_link(model, label: str, count: int, **filters) -> str:
     return format_html('<a href="{}?{}">{} {}</a>', url, query, count, label)
 
 
+class AlertAtField(SimpleArrayField):
+    """Budget alert thresholds typed as '50, 80, 100'. Empty: the default for the metric
+    (the column's null); 'none': no alerts (an empty list). A plain SimpleArrayField reads an
+    empty box as an empty list, which would turn alerts off where the operator left it blank."""
+
+    NONE = "none"
+
+    def __init__(self, **kwargs):
+        defaults = ", ".join(map(str, DEFAULT_ALERT_THRESHOLDS))
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("label", "alert at (%)")
+        kwargs.setdefault("help_text", f"Budget alert thresholds in percent, e.g. {defaults}. Empty: {defaults} for "
+                                       f"cost and token budgets, none for other metrics; '{self.NONE}': no alerts.")
+        super().__init__(forms.IntegerField(), **kwargs)
+
+    def prepare_value(self, value):
+        if isinstance(value, list) and not value:
+            return self.NONE
+        return super().prepare_value(value)
+
+    def to_python(self, value):
+        if isinstance(value, str) and value.strip().lower() == self.NONE:
+            return []
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        return super().to_python(value)
+
+    def clean(self, value):
+        value = forms.Field.clean(self, value)  # to_python, validate, run_validators (below)
+        return None if value is None else [self.base_field.clean(item) for item in value]
+
+    def validate(self, value):
+        if value is not None:  # the range and repeats are the model's rules (LimitSpec.clean)
+            super().validate(value)
+
+    def run_validators(self, value):
+        if value is not None:
+            super().run_validators(value)
+
+    def has_changed(self, initial, data):
+        try:
+            value = self.to_python(data)
+        except ValidationError:
+            return True
+        if isinstance(initial, str):
+            initial = self.to_python(initial)
+        return value != initial
+
+
+class SpecForm(forms.ModelForm):
+    alert_at = AlertAtField()
+
+
+SPEC_FORM_FIELDS = (*SPEC_FIELDS, "alert_at")
+
+
 class LimitInline(admin.TabularInline):
     model = Limit
-    fields = SPEC_FIELDS
+    form = SpecForm
+    fields = SPEC_FORM_FIELDS
     extra = 0
     verbose_name_plural = "limits (a node's own limit replaces its tier's limit of the same metric, window, tool and model)"
 
 
 class OverrideInline(admin.TabularInline):
     model = Override
-    fields = (*SPEC_FIELDS, "expires_at", "reason")
+    form = SpecForm
+    fields = (*SPEC_FORM_FIELDS, "expires_at", "reason")
     extra = 0
     verbose_name_plural = "overrides (replace a limit of the same key until they expire)"
 
@@ -66,15 +131,30 @@ class AgentInline(admin.TabularInline):
 
 @admin.register(Organization)
 class OrganizationAdmin(NodeAdmin):
-    list_display = ["slug", "name", "tier", "teams_link", "members_link", "agents_link"]
+    list_display = ["slug", "name", "tier", "teams_link", "members_link", "agents_link", "alerts_link"]
     inlines = [LimitInline, OverrideInline, TeamInline]
+    filter_horizontal = ["viewers"]
+    fieldsets = [
+        (None, {"fields": ["slug", "name", "tier"]}),
+        ("Budget alerts and dashboard", {"fields": ["alert_webhook_url", "viewers"]}),
+        (None, {"fields": ["created_at", "updated_at"]}),
+    ]
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("tier").annotate(
             team_count=Count("teams", distinct=True),
             member_count=Count("members", distinct=True),
             agent_count=Count("agents", distinct=True),
+            alert_count=Coalesce(Subquery(
+                BudgetAlert.objects.filter(org=OuterRef("slug")).order_by().values("org")
+                .annotate(count=Count("pk")).values("count")
+            ), 0),
         )
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        if db_field.name == "alert_webhook_url":
+            kwargs["assume_scheme"] = "https"
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     @admin.display(description="teams", ordering="team_count")
     def teams_link(self, org):
@@ -87,6 +167,10 @@ class OrganizationAdmin(NodeAdmin):
     @admin.display(description="agents", ordering="agent_count")
     def agents_link(self, org):
         return changelist_link(Agent, "agents", org.agent_count, org__id__exact=org.id)
+
+    @admin.display(description="budget alerts", ordering="alert_count")
+    def alerts_link(self, org):
+        return changelist_link(BudgetAlert, "alerts", org.alert_count, org=org.slug)
 
 
 @admin.register(Team)
@@ -184,7 +268,8 @@ class LimitAdmin(SpecAdmin):
     list_display = ["__str__", "owner", "metric", "amount", "span", "tool", "model", "shadow"]
     search_fields = [*SpecAdmin.search_fields, "tier__slug"]
     list_select_related = [*SpecAdmin.list_select_related, "tier"]
-    fields = ["tier", "org", "team", "member", "agent", *SPEC_FIELDS]
+    fields = ["tier", "org", "team", "member", "agent", *SPEC_FORM_FIELDS]
+    form = SpecForm
     autocomplete_fields = ["tier", "org", "team", "member", "agent"]
 
 
@@ -193,7 +278,8 @@ class OverrideAdmin(SpecAdmin):
     list_display = ["__str__", "owner", "expires_at", "reason", "created_at"]
     list_filter = [*SpecAdmin.list_filter, "expires_at"]
     search_fields = [*SpecAdmin.search_fields, "reason"]
-    fields = ["org", "team", "member", "agent", *SPEC_FIELDS, "expires_at", "reason"]
+    fields = ["org", "team", "member", "agent", *SPEC_FORM_FIELDS, "expires_at", "reason"]
+    form = SpecForm
     autocomplete_fields = ["org", "team", "member", "agent"]
 
 
@@ -269,3 +355,41 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for key in queryset:
             api_key_revoke(key=key)
         self.message_user(request, f"Revoked {queryset.count()} key(s).", messages.SUCCESS)
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(admin.ModelAdmin):
+    """What was sent: read-only (alerts are written by the evaluation and its deliveries)."""
+
+    list_display = ["created_at", "org", "node_shown", "limit_description", "threshold_shown", "use",
+                    "period_start", "status", "attempts", "sent_at", "last_error_short"]
+    list_filter = ["status", "org", "threshold", "level"]
+    search_fields = ["org", "node", "limit_description", "last_error"]
+    date_hierarchy = "created_at"
+    fields = ["org", "level", "node", "limit_description", "limit_ref", "threshold", "used", "amount", "period_start",
+              "created_at", "status", "webhook_url", "attempts", "sent_at", "last_error"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="node", ordering="node")
+    def node_shown(self, alert):
+        return f"{alert.level} {alert.node}"
+
+    @admin.display(description="threshold", ordering="threshold")
+    def threshold_shown(self, alert):
+        return f"{alert.threshold}%"
+
+    @admin.display(description="used / amount")
+    def use(self, alert):
+        return f"{alert.used.normalize():f} / {alert.amount.normalize():f}"
+
+    @admin.display(description="last error")
+    def last_error_short(self, alert):
+        return alert.last_error[:80] + ("…" if len(alert.last_error) > 80 else "")

@@ -10,7 +10,7 @@ import yaml
 from django.contrib import admin
 from django.urls import reverse
 
-from quotas.models import Agent, ApiKey, Limit, Member, Organization, Override, Team
+from quotas.models import Agent, ApiKey, BudgetAlert, Limit, Member, Organization, Override, Team
 from quotas.policy.document import parse_policy
 from quotas.services.api_keys import api_key_hash
 from quotas.services.policy_load import policy_load
@@ -36,7 +36,8 @@ def text_of(response) -> str:
 
 def test_every_quotas_model_is_registered():
     names = {model.__name__ for model in QUOTAS_MODELS}
-    assert names == {"Organization", "Team", "Member", "Agent", "Tier", "Limit", "Override", "ToolCost", "ModelPrice", "ApiKey"}
+    assert names == {"Organization", "Team", "Member", "Agent", "Tier", "Limit", "Override", "ToolCost", "ModelPrice", "ApiKey",
+                     "BudgetAlert"}
 
 
 @pytest.mark.parametrize("model", QUOTAS_MODELS, ids=lambda model: model.__name__)
@@ -45,6 +46,8 @@ def test_changelist_add_and_change_views_render(admin_client, demo, model):
         from quotas.services.api_keys import api_key_create
 
         api_key_create(org=Organization.objects.get(), name="x")
+    if model is BudgetAlert:
+        budget_alert()
     info = model._meta.app_label, model._meta.model_name
     changelist = admin_client.get(reverse("admin:%s_%s_changelist" % info))
     assert changelist.status_code == 200
@@ -53,7 +56,8 @@ def test_changelist_add_and_change_views_render(admin_client, demo, model):
         assert admin_client.get(reverse("admin:%s_%s_changelist" % info), {"q": "a"}).status_code == 200
     assert model_admin.search_fields, f"{model.__name__} changelist has no search"
     assert model_admin.list_filter, f"{model.__name__} changelist has no filters"
-    assert admin_client.get(reverse("admin:%s_%s_add" % info)).status_code == 200
+    read_only = model is BudgetAlert  # written by the evaluation and its deliveries only
+    assert admin_client.get(reverse("admin:%s_%s_add" % info)).status_code == (403 if read_only else 200)
     for row in model.objects.all()[:3]:
         response = admin_client.get(reverse("admin:%s_%s_change" % info, args=[row.pk]))
         assert response.status_code == 200, row
@@ -128,10 +132,10 @@ def test_limits_are_edited_inline_with_messages_that_say_how_to_fix(admin_client
     assert team.limits.get(metric="requests").window == 300
 
 
-def _form_values(response) -> dict[str, str]:
+def _form_values(response, form_id: str = "team_form") -> dict[str, str]:
     """The values a browser would submit from the admin change form (inputs, selects, textareas)."""
     html = response.content.decode()
-    form = html[html.index('id="team_form"'):]
+    form = html[html.index(f'id="{form_id}"'):]
     values: dict[str, str] = {}
     for tag in re.findall(r"<input[^>]*>", form):
         name = re.search(r'name="([^"]+)"', tag)
@@ -187,3 +191,94 @@ def test_override_changelist_lists_overrides(admin_client, demo):
     response = admin_client.get(reverse("admin:quotas_override_changelist"))
     assert "launch week" in response.content.decode()
     assert Override.objects.count() == 1 and Limit.objects.count() > 0
+
+
+def budget_alert(**values) -> BudgetAlert:
+    import datetime as dt
+    from decimal import Decimal
+
+    fields = dict(org="acme-corp", level="org", node="acme-corp", limit_ref="1a2b3c4d", limit_description="cost 500/day",
+                  threshold=50, period_start=dt.datetime(2030, 1, 15, tzinfo=dt.timezone.utc), used=Decimal("251.5"),
+                  amount=Decimal(500))
+    fields.update(values)
+    return BudgetAlert.objects.create(**fields)
+
+
+def test_budget_alerts_list_shows_what_was_sent_read_only(admin_client, demo):
+    import datetime as dt
+
+    budget_alert(status="sent", attempts=2, sent_at=dt.datetime(2030, 1, 15, 9, tzinfo=dt.timezone.utc),
+                 last_error="HTTP 500: boom")
+    budget_alert(threshold=80, used=400, status="failed", attempts=9, last_error="ConnectTimeout: timed out")
+    url = reverse("admin:quotas_budgetalert_changelist")
+    text = text_of(admin_client.get(url))
+    for shown in ("org acme-corp", "cost 500/day", "50%", "251.5 / 500", "sent", "HTTP 500: boom", "80%",
+                  "400 / 500", "failed", "ConnectTimeout: timed out", "Jan. 15, 2030"):
+        assert shown in text
+    for filters, count in (({"status__exact": "failed"}, 1), ({"threshold": "50"}, 1), ({"org": "acme-corp"}, 2),
+                           ({"org": "globex"}, 0)):
+        assert admin_client.get(url, filters).context["cl"].result_count == count, filters
+    alert = BudgetAlert.objects.get(threshold=50)
+    change = admin_client.get(reverse("admin:quotas_budgetalert_change", args=[alert.pk]))
+    assert change.status_code == 200 and 'name="threshold"' not in change.content.decode()  # view only
+    response = admin_client.post(reverse("admin:quotas_budgetalert_change", args=[alert.pk]), {"status": "pending"})
+    assert response.status_code == 403
+    orgs = admin_client.get(reverse("admin:quotas_organization_changelist")).content.decode()
+    assert 'href="/admin/quotas/budgetalert/?org=acme-corp">2 alerts</a>' in orgs
+
+
+def test_org_page_edits_the_webhook_and_the_dashboard_viewers(admin_client, demo, django_user_model):
+    org = Organization.objects.get()
+    viewer = django_user_model.objects.create_user("viewer", password="x")
+    url = reverse("admin:quotas_organization_change", args=[org.pk])
+    page = admin_client.get(url)
+    html = page.content.decode()
+    assert 'name="alert_webhook_url"' in html and 'class="selectfilter"' in html  # filter_horizontal
+    form = _form_values(page, form_id="organization_form")
+    form["alert_webhook_url"] = "https://hooks.example.com/budget"
+    form["viewers"] = [str(viewer.pk)]
+    response = admin_client.post(url, form)
+    assert response.status_code == 302, text_of(response)[:2000]
+    org.refresh_from_db()
+    assert org.alert_webhook_url == "https://hooks.example.com/budget"
+    assert list(org.viewers.all()) == [viewer]
+
+
+@pytest.mark.parametrize(("typed", "stored", "error"), [
+    ("90, 50", [50, 90], None),
+    ("none", [], None),  # no alerts
+    ("", None, None),  # the default for the metric
+    ("50, 50", None, "50 appears more than once; list each threshold once"),
+    ("0", None, "0 is not a percent from 1 to 1000; use e.g. [50, 80, 100]"),
+    ("fifty", None, "Item 1 in the array did not validate"),
+])
+def test_alert_thresholds_are_edited_inline(admin_client, demo, typed, stored, error):
+    team = Team.objects.get(slug="engineering")
+    limit = team.limits.get()
+    limit.alert_at = [10]
+    limit.save()
+    url = reverse("admin:quotas_team_change", args=[team.pk])
+    form = _form_values(admin_client.get(url))
+    assert form["limits-0-alert_at"] == "10"
+    form["limits-0-alert_at"] = typed
+    response = admin_client.post(url, form)
+    limit.refresh_from_db()
+    if error:
+        assert response.status_code == 200 and error in text_of(response)
+        assert limit.alert_at == [10]
+    else:
+        assert response.status_code == 302, text_of(response)[:2000]
+        assert limit.alert_at == stored
+        again = _form_values(admin_client.get(url))["limits-0-alert_at"]
+        assert again == {"90, 50": "50,90", "none": "none", "": ""}[typed]
+
+
+def test_a_concurrency_limit_takes_no_alert_thresholds(admin_client, demo):
+    alice = Member.objects.get(slug="alice")
+    limit = alice.limits.get(metric="concurrency")
+    response = admin_client.post(reverse("admin:quotas_limit_change", args=[limit.pk]), {
+        "member": alice.pk, "metric": "concurrency", "amount": "3", "window": "", "period": "", "tool": "",
+        "model": "", "burst": "", "alert_at": "80",
+    })
+    assert response.status_code == 200
+    assert "a concurrency limit counts leases held at once, not a budget; leave alert_at empty" in text_of(response)

@@ -120,6 +120,8 @@ class LimitSpec(models.Model):
         )
         if errors:
             raise ValidationError(errors)
+        if self.alert_at:
+            self.alert_at = sorted(self.alert_at)  # as the policy file stores and exports them
 
     @property
     def span(self) -> str:
