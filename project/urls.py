@@ -10,4 +10,5 @@ urlpatterns = [
     path("", lambda request: HttpResponseRedirect("/admin/")),
     path("admin/", admin.site.urls),
     path("api/", include("quotas.api.urls")),
+    path("dashboard/", include("quotas.dashboard.urls")),
 ]

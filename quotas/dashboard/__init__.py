@@ -1,0 +1,1 @@
+"""The spend dashboard at /dashboard/: Django templates over the rollups and the engine's budgets."""
