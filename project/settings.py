@@ -160,6 +160,8 @@ QUOTAS_RESYNC_INTERVAL_S = env_int("QUOTAS_RESYNC_INTERVAL_S", 60, minimum=1)
 # The spend pipeline: how often beat drains the usage streams, and how many entries a batch holds.
 QUOTAS_DRAIN_INTERVAL_S = env_int("QUOTAS_DRAIN_INTERVAL_S", 5, minimum=1)
 QUOTAS_DRAIN_BATCH = env_int("QUOTAS_DRAIN_BATCH", 5000, minimum=1)
+# Seconds between budget alert evaluations (the budgets of agents that spent since the last one).
+QUOTAS_ALERT_INTERVAL_S = env_int("QUOTAS_ALERT_INTERVAL_S", 30, minimum=1)
 
 # ---------------------------------------------------------------------------
 # Celery: configured from these CELERY_* settings (namespace="CELERY").
@@ -177,6 +179,7 @@ CELERY_BEAT_SCHEDULE = {
     # Every 15 minutes: the first run after 00:00 UTC rolls up the day before; later runs catch up
     # days a late event un-rolled (and days missed while beat was down).
     "roll-up-days": {"task": "quotas.tasks.roll_up_days", "schedule": crontab(minute="*/15")},
+    "evaluate-budget-alerts": {"task": "quotas.tasks.evaluate_budget_alerts", "schedule": QUOTAS_ALERT_INTERVAL_S},
 }
 
 # ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from quotas.models import Organization
+from quotas.services import budget_alerts
 from quotas.services.engine import get_engine
 from quotas.services.policy_sync import policy_sync_all
 from quotas.services.rollups import roll_up_due_days
@@ -34,3 +35,17 @@ def drain_usage() -> int:
 def roll_up_days() -> int:
     """Daily rollups of the finished days that have none (or whose rollup a late event undid)."""
     return len(roll_up_due_days())
+
+
+@shared_task(ignore_result=True)
+def evaluate_budget_alerts() -> int:
+    """Record the budget thresholds crossed by agents that spent since the last run (each is then delivered)."""
+    return len(budget_alerts.evaluate_budget_alerts())
+
+
+@shared_task(bind=True, ignore_result=True, autoretry_for=(budget_alerts.BudgetAlertDeliveryError,),
+             retry_backoff=5, retry_backoff_max=600, retry_jitter=True, max_retries=8)
+def deliver_budget_alert(self, alert_id: int) -> str | None:
+    """POST one budget alert to its org's webhook (or log it); retried with backoff, failed after the last retry."""
+    alert = budget_alerts.budget_alert_deliver(alert_id=alert_id, final=self.request.retries >= self.max_retries)
+    return alert.status if alert else None

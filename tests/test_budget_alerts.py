@@ -434,3 +434,45 @@ def test_without_a_webhook_the_alert_is_logged(engine, clock, caplog):
                if r.name == "quotas.alerts" and f"alert {alert.pk}:" in r.getMessage() and "logged" in r.getMessage()]
     assert line == (f"budget alert {alert.pk}: acme org acme cost 1/day reached 50% (0.55 of 1, "
                     "period from 2030-01-15T00:00:00Z) (no webhook URL: logged only)")
+
+
+# -- through Celery (eagerly, in this process: the task's retry policy without a worker) ------------
+
+
+@pytest.fixture
+def eager_celery():
+    from project.celery import app
+
+    app.conf.task_always_eager = True
+    yield app
+    app.conf.task_always_eager = False
+
+
+def test_the_task_retries_with_celery_until_the_webhook_answers(engine, clock, eager_celery):
+    from quotas.tasks import deliver_budget_alert
+
+    assert deliver_budget_alert.max_retries == 8 and deliver_budget_alert.retry_backoff
+    with Webhook(503, 502, 200) as hook:
+        # evaluate -> commit -> on_commit -> the task, delivered at once (eager), retried twice
+        alert = one_alert(engine, clock, url=hook.url)
+        alert.refresh_from_db()
+    assert (alert.status, alert.attempts) == ("sent", 3)
+    assert len(hook.received) == 3 and hook.received[0]["json"] == hook.received[2]["json"]
+
+
+def test_the_task_gives_up_after_its_last_retry(engine, clock, eager_celery):
+    with Webhook(500) as hook:
+        alert = one_alert(engine, clock, url=hook.url)
+        alert.refresh_from_db()
+    assert (alert.status, alert.attempts) == ("failed", 9)  # the first attempt and 8 retries
+    assert len(hook.received) == 9
+
+
+def test_the_evaluation_task_delivers_what_it_found(engine, clock, eager_celery, monkeypatch):
+    from quotas import tasks
+
+    load([COST_DAY])
+    spend(engine, "0.55")
+    monkeypatch.setattr(budget_alerts, "get_engine", lambda: engine)
+    assert tasks.evaluate_budget_alerts.delay().get() == 1
+    assert list(BudgetAlert.objects.values_list("threshold", "status")) == [(50, "logged")]
