@@ -21,8 +21,7 @@ PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 OTHER = "#bab0ac"
 MAX_SERIES = len(PALETTE)  # groups beyond these are summed into one "other" series
 
-WIDTH, HEIGHT = 960, 300
-LEFT, RIGHT, TOP, BOTTOM = 72, 12, 14, 46
+RIGHT, TOP, BOTTOM = 12, 14, 46  # margins around the plot (the left one holds the y axis labels)
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,13 @@ def nice_scale(top: float, ticks: int = 5) -> tuple[float, float]:
 
 
 def stacked_bars(days: list[date], series: list[Series], *, label: str, money: bool = True,
-                 css_class: str = "chart") -> SafeString:
-    """A stacked bar per day: one segment per series with a value above zero."""
+                 css_class: str = "chart", width: int = 960, height: int = 300) -> SafeString:
+    """A stacked bar per day: one segment per series with a value above zero.
+
+    ``width`` x ``height`` is the viewBox: about the size the chart is shown at, so that its text
+    is as large as the page's.
+    """
+    WIDTH, HEIGHT, LEFT = width, height, 72 if money else 48
     totals = [sum((s.values[i] for s in series), Decimal(0)) for i in range(len(days))]
     fmt = usd if money else count
     axis_max, step = nice_scale(float(max(totals, default=0)))
@@ -108,8 +112,8 @@ def stacked_bars(days: list[date], series: list[Series], *, label: str, money: b
                 f'data-series="{escape(s.name)}" data-value="{value}"><title>{escape(title)}</title></rect>'
             )
             base = top
-    # X axis: at most about 14 day labels.
-    every = max(1, math.ceil(len(days) / 14))
+    # X axis: a day label every 60 units or more.
+    every = max(1, math.ceil(len(days) / max(plot_w // 60, 1)))
     axis_y = TOP + plot_h
     out.append(f'<line class="axis" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{axis_y}" y2="{axis_y}"/>')
     for i, day in enumerate(days):

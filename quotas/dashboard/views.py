@@ -50,7 +50,7 @@ def index(request: HttpRequest) -> HttpResponse:
         series=series,
         spend_chart=charts.stacked_bars(spend.days, series, label="Cost (USD)", css_class="chart spend-chart"),
         denied_chart=charts.stacked_bars(spend.days, denied, label="Refused checks", money=False,
-                                         css_class="chart denied-chart"),
+                                         css_class="chart denied-chart", width=520, height=220),
         csv_query=form.query(),
         max_peeks=MAX_PEEKS,
         top_agent_budgets=TOP_AGENT_BUDGETS,
