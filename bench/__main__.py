@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
-from bench import api_check, engine_check, engine_instructions
+from bench import api_check, engine_check, engine_instructions, spend
 
-BENCHMARKS = {"engine": engine_check, "instructions": engine_instructions, "api": api_check}
+BENCHMARKS = {"engine": engine_check, "instructions": engine_instructions, "api": api_check, "spend": spend}
 
 
 def main(names: list[str]) -> int:

@@ -41,7 +41,7 @@ PROFILES = {
     # profile: (postgres port, valkey port, durable postgres)
     "dev": (54329, 63799, True),
     "test": (54328, 63798, False),
-    "bench": (54327, 63797, False),
+    "bench": (54327, 63797, True),  # durable: the spend benchmark measures commits as they cost
 }
 COMMAND_PROFILE = {"run": "dev", "test": "test", "bench": "bench"}
 CHILD_STOP_TIMEOUT_S = 15.0

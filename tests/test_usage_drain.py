@@ -366,3 +366,20 @@ def test_roll_up_days_command(spendco):
         call_command("roll_up_days", "--from", "yesterday")
     with pytest.raises(CommandError, match="not over yet"):
         call_command("roll_up_days", "--from", "2026-03-09", "--to", "2999-01-01")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_entries_written_by_something_else_are_stored_exactly_or_skipped(spendco, caplog):
+    engine, clock = spendco
+    stream = engine.keys.usage_stream(ORG)
+    odd_tool = "tab\there back\\slash"  # not an id the service allows, but COPY must not trip on it
+    engine.client.xadd(stream, {"e": f"check|{ORG}|core|ann|a1|{odd_tool}||1|1|0|0|0|5|0|0|{T0}|r9|0"})
+    engine.client.xadd(stream, {"e": "not|an|event"})
+    engine.client.xadd(stream, {"other": "field"})
+    engine.check(org=ORG, agent="a1", tool="search")
+    result = drain_all()
+    assert result.events == 4  # all acknowledged: a bad entry must not block the stream
+    assert HourlySpend.objects.get(org=ORG, tool=odd_tool).cost == Decimal("0.000000005")
+    assert HourlySpend.objects.get(org=ORG, tool="search").requests == 1
+    assert sum("no usage event" in message for message in caplog.messages) == 2
+    assert stream_state(engine) == (1, 0)

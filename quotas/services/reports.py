@@ -51,20 +51,21 @@ def daily_spend(*, org: str, start: date, end: date, group_by: str, orgs: list[s
     first, _ = day_bounds(start)
     _, last = day_bounds(end)
     org_list = orgs if orgs is not None else [org]
+    # The rolled-up days as a list (at most 367): a day is read from exactly one of the two tables.
+    rolled = list(RolledDay.objects.filter(day__range=(start, end)).values_list("day", flat=True))
     sql = f"""
-        WITH rolled AS (SELECT day FROM {RolledDay._meta.db_table} WHERE day BETWEEN %(start)s AND %(end)s)
         SELECT day, grp, {sums} FROM (
             SELECT day, {column} AS grp, {listed} FROM {DailySpend._meta.db_table}
-             WHERE org = ANY(%(orgs)s) AND day BETWEEN %(start)s AND %(end)s AND day IN (SELECT day FROM rolled)
+             WHERE org = ANY(%(orgs)s) AND day = ANY(%(rolled)s::date[])
             UNION ALL
             SELECT (hour AT TIME ZONE 'UTC')::date, {column}, {listed} FROM {HourlySpend._meta.db_table}
              WHERE org = ANY(%(orgs)s) AND hour >= %(first)s AND hour < %(last)s
-               AND (hour AT TIME ZONE 'UTC')::date NOT IN (SELECT day FROM rolled)
+               AND NOT (hour AT TIME ZONE 'UTC')::date = ANY(%(rolled)s::date[])
         ) AS spend
         GROUP BY day, grp ORDER BY day, grp
     """
     with connection.cursor() as cur:
-        cur.execute(sql, {"start": start, "end": end, "first": first, "last": last, "orgs": org_list})
+        cur.execute(sql, {"first": first, "last": last, "orgs": org_list, "rolled": rolled})
         return [SpendRow(row[0], row[1], *[int(v) for v in row[2:7]], Decimal(row[7]), int(row[8]), int(row[9]))
                 for row in cur.fetchall()]
 
