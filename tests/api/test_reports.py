@@ -42,7 +42,10 @@ def test_json_by_user_and_by_model(api, spent):
     assert alice["cost"] == "0.0075"
     assert rows["bob"]["cost"] == "0.000075"  # gpt-4o-mini: 100 in at $0.00015 + 100 out at $0.0006 per 1K
     by_team = api.get(URL, {"from": today(), "to": today()}).json()["rows"]  # group_by defaults to team
-    assert [(row["team"], row["requests"], row["cost"]) for row in by_team] == [("engineering", 3, "0.007575")]
+    assert by_team == [{  # the README's example
+        "day": today(), "team": "engineering", "requests": 3, "credits": 5, "tokens": 1700, "input_tokens": 1100,
+        "output_tokens": 600, "cost": "0.007575", "unsettled": 0, "denied": 0,
+    }]
 
     by_model = {row["model"]: row["requests"] for row in api.get(URL, {"from": today(), "to": today(),
                                                                        "group_by": "model"}).json()["rows"]}
