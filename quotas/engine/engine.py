@@ -50,7 +50,7 @@ from .scripts import Scripts, function_name, unavailable
 log = logging.getLogger("quotas.engine")
 
 MAX_TOKENS = 10**9
-UNKNOWN = "?"  # a path part not learnt yet: the script answers "stale" before touching such a key
+UNKNOWN = "?"  # a path part not learnt yet: the script answers "stale" before using (or writing) such a key
 Path = tuple[str, str, str, str]
 
 
@@ -407,7 +407,8 @@ class QuotaEngine:
             raise QuotaBackendUnavailable(f"Redis failed while reloading the policy: {exc}") from exc
 
     def _placeholder(self, org: str, agent: str) -> _Known:
-        # The script answers "stale" (with the real path) before touching a key built from "?".
+        # The script answers "stale" (with the real path) before using a key built from "?" (check.lua reads
+        # the counter keys with the policy, in one MGET, and ignores them).
         return self._known_for((org, UNKNOWN, UNKNOWN, agent), "", [])
 
     def _known_for(self, path: Path, version: str, limits: list[tuple]) -> _Known:

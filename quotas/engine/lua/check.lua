@@ -3,7 +3,8 @@
 -- KEYS (all share the org's hash tag, see quotas/engine/keys.py):
 --   1  aq:{org}:org              org policy hash: v (version), t:TOOL (weight), m:MODEL ("in,out" nano-USD per 1K)
 --   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py)
---   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua)
+--   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua);
+--                                read with the policy in one MGET
 --   7  aq:{org}:r                reservations: id -> record
 --   8  aq:{org}:rq               reservation queue: "pushed_ms:id", due (pushed + TTL) in the order pushed
 --   9  aq:{org}:usage            usage stream (events: quotas/engine/usage.py)
@@ -37,7 +38,10 @@ assert(tokens and tokens >= 0, 'tokens must be a number >= 0')
 
 local org_policy = redis.call('HMGET', KEYS[1], 'v', 't:' .. tool, 'm:' .. model)
 if not org_policy[1] then return {'missing'} end
-local blob = redis.call('GET', KEYS[2])
+-- The policy and the four nodes' counter state in one read (KEYS of a path not learnt yet are read,
+-- never written: the answer is "stale" before they are used).
+local got = redis.call('MGET', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+local blob = got[1]
 if not blob then return {'unknown'} end
 local policy = decode_policy(blob)  -- cached and shared between calls: read it, never change it
 local p = policy.p
@@ -61,7 +65,7 @@ for i, lim in ipairs(policy.l) do
     if lim.kind ~= 'c' then
       local level = lim.lv
       local st = states[level]
-      if not st then st = read_state(policy, level, KEYS[2 + level], now); states[level] = st end
+      if not st then st = read_state(policy, level, KEYS[2 + level], now, got[1 + level]); states[level] = st end
       local m = lim.m
       cells[n] = new_cell(lim, st, now, m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1)
     else

@@ -100,13 +100,14 @@ local function clear_record(rec, now)
 end
 
 -- Read a node's state into the records of the policy's limits of that level. Records of limits the
--- policy no longer has are skipped, and dropped when the state is written back.
-local function read_state(policy, level, key, now)
+-- policy no longer has are skipped, and dropped when the state is written back. `packed` is the
+-- key's value when the caller already read it (false: no such key), nil to GET it here.
+local function read_state(policy, level, key, now, packed)
   local st = policy.states[level]
   st.key, st.dirty, st.renew, st.min_ttl = key, false, false, 0
   local records, by_id = policy.records[level], policy.by_id[level]
   for i = 1, #records do records[i].present = false end
-  local packed = redis.call('GET', key)
+  if packed == nil then packed = redis.call('GET', key) end
   local pos, len = 1, packed and #packed or 0
   while pos <= len do
     local id, kind, at = struct.unpack(HEAD_FMT, packed, pos)
