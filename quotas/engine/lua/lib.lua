@@ -204,12 +204,16 @@ local function decode_policy(blob)
   if policy_cached >= POLICY_CACHE_SIZE then policy_cache, policy_cached = {}, 0 end
   policy = cjson.decode(blob)
   policy.records, policy.by_id, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
+  policy.path_text = policy.p[1] .. ' ' .. policy.p[2] .. ' ' .. policy.p[3] .. ' ' .. policy.p[4]
+  policy.cells, policy.index, policy.charged, policy.reply = {}, {}, {}, {}   -- check.lua's, refilled per call
   for level = 1, 4 do
     policy.states[level] = {key = false, packed = '', parts = {}, dirty = false, renew = false, min_ttl = 0}
   end
   for _, lim in ipairs(policy.l) do
     lim.kind = lim.m == 'concurrency' and 'c' or kind_of(lim)
     lim.g = lim.w and ceil(lim.w / BUCKETS) or 0
+    lim.timed = (lim.f or lim.u) and true or false
+    lim.charge_text = lim.id .. ',' .. LEVEL_TEXT[lim.lv]
     lim.cell = {lim = lim, st = false, v = false, x = 0, slot = 0, oldest = 0, tokens = 0, start = 0, used = 0,
                 remaining = 0, ok = true, retry = 0, reset = 0}
     if lim.kind ~= 'c' then
