@@ -84,7 +84,7 @@ end
 -- window's ring is unpacked only when a bucket leaves the window or the ring advances. A charge to
 -- the newest bucket (most calls) rewrites the record from its old bytes with two numbers replaced.
 local SLOTS = BUCKETS + 1
-local HEAD_FMT = '<c8c1dd'
+local HEAD_FMT = '<c9dd'                  -- id and kind as one string, then the first two numbers
 -- (written out: a Functions library is loaded with no `string` in reach; 'w' has 2 + SLOTS doubles)
 local SLOTS_FMT = '<ddddddddddd'
 local RECORD_FMT = {w = '<c8c1ddddddddddddd', b = '<c8c1dd', p = '<c8c1dd'}
@@ -122,18 +122,20 @@ local function read_state(policy, level, key, now, packed)
   if packed == nil then packed = redis.call('GET', key) end
   packed = packed or ''
   st.key, st.packed, st.dirty, st.renew, st.min_ttl = key, packed, false, false, 0
-  local records, by_id = policy.records[level], policy.by_id[level]
+  local records, by_head = policy.records[level], policy.by_head[level]
   for i = 1, #records do records[i].present = false end
   local pos, len = 1, #packed
   while pos <= len do
-    local id, kind, v1, v2 = sunpack(HEAD_FMT, packed, pos)
-    local rec = by_id[id]
-    if rec and rec.kind == kind then
+    local head, v1, v2 = sunpack(HEAD_FMT, packed, pos)
+    local rec = by_head[head]
+    if rec then
       local v = rec.v
       v[1], v[2] = v1, v2
-      rec.present, rec.at, rec.loaded, rec.patch = true, pos, kind ~= 'w', false
+      rec.present, rec.at, rec.loaded, rec.patch = true, pos, rec.kind ~= 'w', false
+      pos = pos + RECORD_BYTES[rec.kind]
+    else
+      pos = pos + RECORD_BYTES[ssub(head, 9)]          -- a limit the policy no longer has: dropped
     end
-    pos = pos + RECORD_BYTES[kind]
   end
   for i = 1, #records do
     if not records[i].present then clear_record(records[i], now) end
@@ -203,7 +205,7 @@ local function decode_policy(blob)
   if policy then return policy end
   if policy_cached >= POLICY_CACHE_SIZE then policy_cache, policy_cached = {}, 0 end
   policy = cjson.decode(blob)
-  policy.records, policy.by_id, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
+  policy.records, policy.by_id, policy.by_head, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
   policy.path_text = policy.p[1] .. ' ' .. policy.p[2] .. ' ' .. policy.p[3] .. ' ' .. policy.p[4]
   policy.cells, policy.index, policy.charged, policy.reply = {}, {}, {}, {}   -- check.lua's, refilled per call
   for level = 1, 4 do
@@ -223,6 +225,7 @@ local function decode_policy(blob)
                at = 0, loaded = true, patch = false,
                v = lim.kind == 'w' and {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {0, 0}}
         policy.by_id[lim.lv][lim.id] = rec
+        policy.by_head[lim.lv][lim.id .. lim.kind] = rec
         local records = policy.records[lim.lv]
         records[#records + 1] = rec
       end
