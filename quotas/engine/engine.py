@@ -50,7 +50,7 @@ from .scripts import Scripts, function_name, unavailable
 log = logging.getLogger("quotas.engine")
 
 MAX_TOKENS = 10**9
-UNKNOWN = "?"  # a path part not learnt yet: the script answers "stale" before touching such a key
+UNKNOWN = "?"  # a path part not learnt yet: the script answers "stale" before using (or writing) such a key
 Path = tuple[str, str, str, str]
 
 
@@ -88,10 +88,11 @@ class _Known:
     lease_keys: list[bytes]
 
     def describe(self, rows) -> list[LimitState]:
-        """LimitStates from a script's [index, remaining, reset_ms, passed]* rows."""
+        """LimitStates from a script's [index * 2 + passed, remaining, reset_ms]* rows."""
         states = []
-        for i in range(0, len(rows), 4):
-            level, node, metric, limit, window, tool, model, shadow, burst, lid = self.limits[int(rows[i]) - 1]
+        for i in range(0, len(rows), 3):
+            index, passed = divmod(int(rows[i]), 2)
+            level, node, metric, limit, window, tool, model, shadow, burst, lid = self.limits[index - 1]
             remaining = int(rows[i + 1])
             if metric == "cost":
                 remaining = max(nanos_to_usd(remaining), Decimal(0))
@@ -99,7 +100,7 @@ class _Known:
                 remaining = 0
             states.append(LimitState(
                 level=level, node=node, metric=metric, limit=limit, remaining=remaining, window=window, tool=tool,
-                model=model, reset_ms=int(rows[i + 2]), shadow=shadow, burst=burst, id=lid, passed=rows[i + 3] == 1,
+                model=model, reset_ms=int(rows[i + 2]), shadow=shadow, burst=burst, id=lid, passed=passed == 1,
             ))
         return states
 
@@ -407,7 +408,8 @@ class QuotaEngine:
             raise QuotaBackendUnavailable(f"Redis failed while reloading the policy: {exc}") from exc
 
     def _placeholder(self, org: str, agent: str) -> _Known:
-        # The script answers "stale" (with the real path) before touching a key built from "?".
+        # The script answers "stale" (with the real path) before using a key built from "?" (check.lua reads
+        # the counter keys with the policy, in one MGET, and ignores them).
         return self._known_for((org, UNKNOWN, UNKNOWN, agent), "", [])
 
     def _known_for(self, path: Path, version: str, limits: list[tuple]) -> _Known:

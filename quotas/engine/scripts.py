@@ -44,14 +44,16 @@ SCRIPT_NAMES = ("check", "settle", "lease", "sweep")
 
 @cache
 def library() -> tuple[str, str]:
-    """(version hash, library source)."""
-    lib = (LUA_DIR / "lib.lua").read_text()
-    bodies = {name: (LUA_DIR / f"{name}.lua").read_text() for name in SCRIPT_NAMES}
-    version = hashlib.sha1("\n".join([lib, *bodies.values()]).encode()).hexdigest()[:12]
-    parts = [f"#!lua name=agentquotas_{version}", lib]
-    for name, body in bodies.items():
-        parts.append(f"-- ---- {name}.lua ----\nlocal function script_{name}(KEYS, ARGV)\n{body}\nend\n"
-                     f"redis.register_function('aq_{name}_{version}', script_{name})")
+    """(version hash, library source). The hash is of the whole source, wrappers included."""
+    parts = [(LUA_DIR / "lib.lua").read_text()]
+    for name in SCRIPT_NAMES:
+        body = (LUA_DIR / f"{name}.lua").read_text()
+        # bind(): lib.lua's upvalues for the standard library, which a library cannot reach while loading
+        parts.append(f"-- ---- {name}.lua ----\nlocal function script_{name}(KEYS, ARGV)\n"
+                     f"if not floor then bind() end\n{body}\nend")
+    version = hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
+    parts.insert(0, f"#!lua name=agentquotas_{version}")
+    parts.extend(f"redis.register_function('aq_{name}_{version}', script_{name})" for name in SCRIPT_NAMES)
     return version, "\n".join(parts)
 
 

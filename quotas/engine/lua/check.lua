@@ -1,9 +1,12 @@
 -- check.lua: evaluate every limit on an agent's path and, only if all pass, charge them all.
 --
 -- KEYS (all share the org's hash tag, see quotas/engine/keys.py):
---   1  aq:{org}:org              org policy hash: v (version), t:TOOL (weight), m:MODEL ("in,out" nano-USD per 1K)
---   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py)
---   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua)
+--   1  aq:{org}:org              org policy hash: v (version), t:TOOL (weight), m:MODEL ("in,out" nano-USD per 1K);
+--                                read only when the agent's policy is missing (is the whole org?) or predates "tw"
+--   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py), with the
+--                                org's tool weights and model prices
+--   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua);
+--                                read with the policy in one MGET
 --   7  aq:{org}:r                reservations: id -> record
 --   8  aq:{org}:rq               reservation queue: "pushed_ms:id", due (pushed + TTL) in the order pushed
 --   9  aq:{org}:usage            usage stream (events: quotas/engine/usage.py)
@@ -23,11 +26,12 @@
 --   FCALL aq_check_<version> 9 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:s:org:acme ... aq:{acme}:usage
 --           check "" "acme eng alice agent-1" llm_call gpt-4o 2000 5f0c.eng.alice.agent-1 600000 2 1795290000000
 -- Returns a flat array:
---   {status, version, policy, retry_ms, blocked, reservation, [index, remaining, reset_ms, passed] per limit}
+--   {status, version, policy, retry_ms, blocked, reservation, [index * 2 + passed, remaining, reset_ms] per limit}
 --   status: "ok" | "deny" | "missing" (no org policy) | "unknown" (no such agent) | "stale" (path moved);
 --   policy: the policy JSON when `known` is not its version ("" otherwise); retry_ms -1 = never;
 --   blocked: 1-based position of the blocking limit among those returned (0 = none);
---   index: the limit's 1-based position in the policy's "l" list.
+--   index: the limit's 1-based position in the policy's "l" list; passed: 1 or 0 (one number with the index:
+--   each value of the reply costs the server about as much as a limit's arithmetic).
 
 local mode, path_arg, tool, model = ARGV[1], ARGV[3], ARGV[4], ARGV[5]
 local tokens = tonumber(ARGV[6])
@@ -35,67 +39,74 @@ local now, now_text = now_ms(ARGV[2])
 assert(mode == 'check' or mode == 'peek', 'mode must be check or peek')
 assert(tokens and tokens >= 0, 'tokens must be a number >= 0')
 
-local org_policy = redis.call('HMGET', KEYS[1], 'v', 't:' .. tool, 'm:' .. model)
-if not org_policy[1] then return {'missing'} end
-local blob = redis.call('GET', KEYS[2])
-if not blob then return {'unknown'} end
-local policy = decode_policy(blob)  -- cached and shared between calls: read it, never change it
+-- The policy and the four nodes' counter state in one read (KEYS of a path not learnt yet are read,
+-- never written: the answer is "stale" before they are used).
+local got = redis.call('MGET', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+local blob = got[1]
+if not blob then return {redis.call('HGET', KEYS[1], 'v') and 'unknown' or 'missing'} end
+local policy = decode_policy(blob)  -- cached and shared between calls: its call-state tables are refilled
 local p = policy.p
 local fresh = policy.v == tonumber(ARGV[10]) and '' or blob  -- numbers: text of a big version has an exponent
-if p[1] .. ' ' .. p[2] .. ' ' .. p[3] .. ' ' .. p[4] ~= path_arg then return {'stale', policy.v, blob} end
+if policy.path_text ~= path_arg then return {'stale', policy.v, blob} end
 
-local weight = tonumber(org_policy[2]) or 1
-local cost = 0
-if org_policy[3] then
-  local price_in, price_out = string.match(org_policy[3], '^(%d+),(%d+)$')
-  cost = cost_nanos(tokens, math.max(tonumber(price_in), tonumber(price_out)))  -- the estimate uses the higher price
+-- The tool's weight (as text for the usage event) and the model's higher price, from the policy (a
+-- policy compiled before it carried them: from the org hash)
+local weight_text, price
+if policy.tw then
+  weight_text, price = policy.tw[tool], policy.price[model]
+else
+  local org = redis.call('HMGET', KEYS[1], 't:' .. tool, 'm:' .. model)
+  weight_text, price = org[1] or nil, org[2] and max_price(org[2])
 end
+local weight = weight_text and tonumber(weight_text) or 1
+local cost = price and cost_nanos(tokens, price) or 0  -- the estimate uses the higher price
 
--- The limits that apply to this call, as cells on their node's state (see lib.lua): one GET per level.
-local cells, index, states = {}, {}, {}
-for i, lim in ipairs(policy.l) do
-  if active(lim, now) and (lim.t == nil or lim.t == tool) and (lim.md == nil or lim.md == model)
-      and (lim.kind ~= 'c' or mode == 'peek') then
-    local n = #cells + 1
-    index[n] = i
-    if lim.kind ~= 'c' then
+-- Evaluate the limits that apply to this call, as cells on their node's state (see lib.lua), in the
+-- policy's order; a level's state is read from the MGET above at its first limit. cells[1..n] and
+-- index[1..n] (the limit's position in the policy) are the policy's own tables, refilled on each call.
+local limits, cells, index, states = policy.l, policy.cells, policy.index, {false, false, false, false}
+local n, blocked, retry = 0, 0, 0
+for i = 1, #limits do
+  local lim = limits[i]
+  if (not lim.timed or active(lim, now)) and (not lim.t or lim.t == tool) and (not lim.md or lim.md == model) then
+    local m = lim.m
+    if m ~= 'concurrency' then
       local level = lim.lv
       local st = states[level]
-      if not st then st = read_state(policy, level, KEYS[2 + level], now); states[level] = st end
-      local m = lim.m
-      cells[n] = new_cell(lim, st, now, m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1)
-    else
-      local c = lim.cell
-      c.x, c.remaining, c.ok, c.retry, c.reset = 1, 0, true, 0, 0
-      cells[n] = c
-    end
-  end
-end
-
-local blocked, retry = 0, 0
-for n, c in ipairs(cells) do
-  local lim = c.lim
-  if lim.m == 'concurrency' then                       -- peek only: leases gate runs, not calls
-    local held = redis.call('ZCOUNT', KEYS[9 + lim.lv], '(' .. now, '+inf')
-    c.remaining, c.ok = lim.a - held, held + 1 <= lim.a
-  else
-    evaluate(c, now)
-    if not c.ok and not lim.sh then
-      -- the request passes once every blocking limit does: the latest of their retry times
-      if blocked == 0 or c.retry == NEVER or (retry ~= NEVER and c.retry > retry) then
-        blocked, retry = n, c.retry
+      if not st then st = read_state(policy, level, KEYS[2 + level], now, got[1 + level]); states[level] = st end
+      local c = new_cell(lim, st, now, m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1)
+      n = n + 1
+      cells[n], index[n] = c, i
+      evaluate(c, now)
+      if not c.ok and not lim.sh then
+        -- the request passes once every blocking limit does: the latest of their retry times
+        if blocked == 0 or c.retry == NEVER or (retry ~= NEVER and c.retry > retry) then
+          blocked, retry = n, c.retry
+        end
       end
+    elseif mode == 'peek' then                         -- leases gate runs, not calls: a check skips them
+      local c = lim.cell
+      local held = redis.call('ZCOUNT', KEYS[9 + lim.lv], '(' .. now, '+inf')
+      c.x, c.remaining, c.ok, c.retry, c.reset = 1, lim.a - held, held + 1 <= lim.a, 0, 0
+      n = n + 1
+      cells[n], index[n] = c, i
     end
   end
 end
 
+-- The reply (see the top), in the policy's own table: rows of [index * 2 + passed, remaining, reset_ms].
 local function reply(status, charged, reservation)
-  local out = {status, policy.v, fresh, retry, blocked, reservation or ''}
-  for n, c in ipairs(cells) do
-    local k = #out
-    out[k + 1] = index[n]; out[k + 2] = charged and c.remaining - c.x or c.remaining
-    out[k + 3] = c.reset; out[k + 4] = c.ok and 1 or 0
+  local out = policy.reply
+  out[1], out[2], out[3], out[4], out[5], out[6] = status, policy.v, fresh, retry, blocked, reservation or ''
+  local k = 6
+  for j = 1, n do
+    local c = cells[j]
+    out[k + 1] = c.ok and index[j] * 2 + 1 or index[j] * 2
+    out[k + 2] = charged and c.remaining - c.x or c.remaining
+    out[k + 3] = c.reset
+    k = k + 3
   end
+  out[k + 1] = nil                                     -- the reply ends at the first nil
   return out
 end
 
@@ -112,28 +123,30 @@ end
 
 -- Every limit passed: charge them all (shadow ones too, so they can report what they would block),
 -- and write each level's state back with one SET. The reservation remembers which token and cost
--- limits it charged: settle corrects those.
-local charged = {}
-for _, c in ipairs(cells) do
-  local lim = c.lim
+-- limits it charged ("id,level"): settle corrects those.
+local charged, m = policy.charged, 0
+for j = 1, n do
+  local c = cells[j]
   charge(c, now)
-  if lim.m == 'tokens' or lim.m == 'cost' then          -- settle corrects these, even from an estimate of 0
-    charged[#charged + 1] = lim.id .. ',' .. LEVEL_TEXT[lim.lv]
+  local metric = c.lim.m
+  if metric == 'tokens' or metric == 'cost' then       -- settle corrects these, even from an estimate of 0
+    m = m + 1
+    charged[m] = c.lim.charge_text
   end
 end
 local ttl = nil
 for level = 1, 4 do
   local st = states[level]
   if st and st.dirty then
-    if st.renew then ttl = ttl or level_ttls(policy.l, now) end
+    if st.renew then ttl = ttl or level_ttls(limits, now) end
     write_state(policy, level, ttl and ttl[level])
   end
 end
 
 local id, tokens_text, cost_text = ARGV[7], ARGV[6], cost > 0 and int(cost) or '0'
 redis.call('HSET', KEYS[7], id, 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
-  .. tokens_text .. '|' .. cost_text .. '|' .. now_text .. '|' .. table.concat(charged, ';'))
+  .. tokens_text .. '|' .. cost_text .. '|' .. now_text .. '|' .. concat(charged, ';', 1, m))
 redis.call('RPUSH', KEYS[8], now_text .. ':' .. id)
-redis.call('XADD', KEYS[9], '*', 'e', usage_event('check', p, tool, model, '1', org_policy[2] or '1', tokens_text,
+redis.call('XADD', KEYS[9], '*', 'e', usage_event('check', p, tool, model, '1', weight_text or '1', tokens_text,
   '0', '0', cost_text, '0', '0', now_text, id, '0'))
 return reply('ok', true, id)

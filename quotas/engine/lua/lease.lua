@@ -15,7 +15,7 @@
 -- Example:
 --   FCALL aq_lease_<version> 6 aq:{acme}:org aq:{acme}:a:agent-1 aq:{acme}:l:org:acme ... acquire "" "acme eng alice agent-1" l1 300000
 -- Returns, for acquire, check.lua's flat array with the lease's expiry (ms) in the reservation's place:
---   {"ok"|"full"|"missing"|"unknown"|"stale", version, policy, retry_ms, blocked, expiry, [index, remaining, 0, passed]...}
+--   {"ok"|"full"|"missing"|"unknown"|"stale", version, policy, retry_ms, blocked, expiry, [index * 2 + passed, remaining, 0]...}
 -- and for renew / release: {"ok", expiry} or {"gone"}.
 
 local op, path_arg, lease = ARGV[1], ARGV[3], ARGV[4]
@@ -59,12 +59,12 @@ for i, lim in ipairs(policy.l) do
     local held = redis.call('ZCARD', key)
     local ok = held + 1 <= lim.a
     local n = #rows
-    rows[n + 1] = i; rows[n + 2] = lim.a - held - (ok and 1 or 0); rows[n + 3] = 0; rows[n + 4] = ok and 1 or 0
+    rows[n + 1] = ok and i * 2 + 1 or i * 2; rows[n + 2] = lim.a - held - (ok and 1 or 0); rows[n + 3] = 0
     if ok or lim.sh then
       slots[key] = true
     elseif blocked == 0 then
       local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      blocked, retry = #rows / 4, math.max(1, tonumber(first[2]) - now)
+      blocked, retry = #rows / 3, math.max(1, tonumber(first[2]) - now)
     end
   end
 end

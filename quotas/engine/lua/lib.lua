@@ -6,6 +6,15 @@ local BUCKETS = 10            -- a rolling window is counted in this many sub-wi
 local DAY_MS = 86400000
 local NEVER = -1              -- retry_after when the request can never pass (it is larger than the limit)
 
+-- Standard functions as upvalues, far cheaper than a global lookup each time. A Functions library is
+-- loaded with no standard library in reach, so they are bound on the first call (scripts.py has every
+-- function start with `if not floor then bind() end`).
+local floor, ceil, max, min, sunpack, spack, ssub, concat, unpack_list
+local function bind()
+  floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+  sunpack, spack, ssub, concat, unpack_list = struct.unpack, struct.pack, string.sub, table.concat, unpack
+end
+
 -- Now, in ms, as a number and as text (the text made from TIME's own digits: formatting numbers
 -- is among the costliest things a script does).
 local function now_ms(arg)
@@ -32,11 +41,11 @@ end
 -- Calendar periods (UTC). Days <-> civil dates, after H. Hinnant's algorithms.
 local function civil_from_days(z)
   z = z + 719468
-  local era = math.floor(z / 146097)
+  local era = floor(z / 146097)
   local doe = z - era * 146097
-  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
-  local mp = math.floor((5 * doy + 2) / 153)
+  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+  local mp = floor((5 * doy + 2) / 153)
   local m = mp < 10 and mp + 3 or mp - 9
   local y = yoe + era * 400
   if m <= 2 then y = y + 1 end
@@ -45,17 +54,17 @@ end
 
 local function days_from_civil(y, m, d)
   if m <= 2 then y = y - 1 end
-  local era = math.floor(y / 400)
+  local era = floor(y / 400)
   local yoe = y - era * 400
   local mp = (m + 9) % 12
-  local doy = math.floor((153 * mp + 2) / 5) + d - 1
-  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  local doy = floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy
   return era * 146097 + doe - 719468
 end
 
 -- start and end (ms) of the calendar period holding `now`
 local function period_bounds(period, now)
-  local days = math.floor(now / DAY_MS)
+  local days = floor(now / DAY_MS)
   if period == 'day' then return days * DAY_MS, (days + 1) * DAY_MS end
   local y, m = civil_from_days(days)
   local ny, nm = y, m + 1
@@ -69,12 +78,15 @@ end
 --                       (bucket k = floor(t / (window / BUCKETS)) lives in slot k % SLOTS)
 --   'b' token bucket:   tokens, when last refilled (ms)
 --   'p' calendar:       period start (ms), count
--- A check reads each level's state with one GET and writes it back with one SET (the TTL with it):
--- no per-field lookups and no text-to-number conversions on the hot path.
+-- A check reads each level's state with one read and writes it back with one SET (the TTL with it):
+-- no per-field lookups and no text-to-number conversions on the hot path. Reading unpacks only each
+-- record's first two numbers (all a 'b' or 'p' record has; a window's newest bucket and total): a
+-- window's ring is unpacked only when a bucket leaves the window or the ring advances. A charge to
+-- the newest bucket (most calls) rewrites the record from its old bytes with two numbers replaced.
 local SLOTS = BUCKETS + 1
-local HEAD_FMT = '<c8c1'
+local HEAD_FMT = '<c9dd'                  -- id and kind as one string, then the first two numbers
 -- (written out: a Functions library is loaded with no `string` in reach; 'w' has 2 + SLOTS doubles)
-local VALUES_FMT = {w = '<ddddddddddddd', b = '<dd', p = '<dd'}
+local SLOTS_FMT = '<ddddddddddd'
 local RECORD_FMT = {w = '<c8c1ddddddddddddd', b = '<c8c1dd', p = '<c8c1dd'}
 local LEVEL_TEXT = {'1', '2', '3', '4'}
 
@@ -82,10 +94,13 @@ local function kind_of(lim) return lim.b and 'b' or (lim.w and 'w' or 'p') end
 
 local function slot_index(b) return 3 + b % SLOTS end
 local RECORD_BYTES = {w = 9 + 8 * (2 + SLOTS), b = 9 + 16, p = 9 + 16}
+local W_BYTES = RECORD_BYTES.w
 
--- A record: one limit's counter state, {id, kind, v (the numbers), present, b}. An override and the
--- limit it replaces share an id, so they share one record (their counts carry over when one takes
--- the other's place). Records live with the cached policy and are filled in place on each call.
+-- A record: one limit's counter state, {id, kind, v (the numbers), present, b, st (its level's state),
+-- at (its position in st.packed), loaded (v holds all its numbers), patch (false, or the ring slot
+-- that a charge changed besides the total, with v[2] and that slot as the only changes)}. An override
+-- and the limit it replaces share an id, so they share one record (their counts carry over when one
+-- takes the other's place). Records live with the cached policy and are filled in place on each call.
 local function clear_record(rec, now)
   local v = rec.v
   if rec.kind == 'w' then
@@ -96,32 +111,30 @@ local function clear_record(rec, now)
   else
     v[1], v[2] = 0, 0
   end
-  rec.present = false
+  rec.present, rec.loaded, rec.patch = false, true, false
 end
 
 -- Read a node's state into the records of the policy's limits of that level. Records of limits the
--- policy no longer has are skipped, and dropped when the state is written back.
-local function read_state(policy, level, key, now)
+-- policy no longer has are skipped, and dropped when the state is written back. `packed` is the
+-- key's value when the caller already read it (false: no such key), nil to GET it here.
+local function read_state(policy, level, key, now, packed)
   local st = policy.states[level]
-  st.key, st.dirty, st.renew, st.min_ttl = key, false, false, 0
-  local records, by_id = policy.records[level], policy.by_id[level]
+  if packed == nil then packed = redis.call('GET', key) end
+  packed = packed or ''
+  st.key, st.packed, st.dirty, st.renew, st.min_ttl = key, packed, false, false, 0
+  local records, by_head = policy.records[level], policy.by_head[level]
   for i = 1, #records do records[i].present = false end
-  local packed = redis.call('GET', key)
-  local pos, len = 1, packed and #packed or 0
+  local pos, len = 1, #packed
   while pos <= len do
-    local id, kind, at = struct.unpack(HEAD_FMT, packed, pos)
-    local rec = by_id[id]
-    if rec and rec.kind == kind then
+    local head, v1, v2 = sunpack(HEAD_FMT, packed, pos)
+    local rec = by_head[head]
+    if rec then
       local v = rec.v
-      if kind == 'w' then
-        v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], pos =
-          struct.unpack(VALUES_FMT.w, packed, at)
-      else
-        v[1], v[2], pos = struct.unpack(VALUES_FMT[kind], packed, at)
-      end
-      rec.present = true
+      v[1], v[2] = v1, v2
+      rec.present, rec.at, rec.loaded, rec.patch = true, pos, rec.kind ~= 'w', false
+      pos = pos + RECORD_BYTES[rec.kind]
     else
-      pos = pos + RECORD_BYTES[kind]
+      pos = pos + RECORD_BYTES[ssub(head, 9)]          -- a limit the policy no longer has: dropped
     end
   end
   for i = 1, #records do
@@ -130,20 +143,47 @@ local function read_state(policy, level, key, now)
   return st
 end
 
+-- The ring of a window record, unpacked from its level's state when first needed.
+local function load_slots(rec)
+  if rec.loaded then return end
+  local v = rec.v
+  v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13] = sunpack(SLOTS_FMT, rec.st.packed, rec.at + 25)
+  rec.loaded = true
+end
+
 -- Write a changed state back: the level's records that exist; with a new TTL (at least `ttl` ms, and
 -- long enough for every token bucket to refill) when a limit moved to a new bucket or period or is a
 -- token bucket, else the TTL it has.
 local function write_state(policy, level, ttl)
-  local st, parts = policy.states[level], {}
-  for _, rec in ipairs(policy.records[level]) do
-    if rec.present then parts[#parts + 1] = struct.pack(RECORD_FMT[rec.kind], rec.id, rec.kind, unpack(rec.v)) end
+  local st = policy.states[level]
+  local records, parts, n, packed = policy.records[level], st.parts, 0, st.packed
+  for i = 1, #records do
+    local rec = records[i]
+    if rec.present then
+      local v, at = rec.v, rec.at
+      if rec.patch then                                -- id, kind, newest as they were; total; the slot
+        local k = rec.patch
+        parts[n + 1] = ssub(packed, at, at + 16)
+        parts[n + 2] = spack('<d', v[2])
+        parts[n + 3] = ssub(packed, at + 25, at + 24 + 8 * k)
+        parts[n + 4] = spack('<d', v[3 + k])
+        parts[n + 5] = ssub(packed, at + 33 + 8 * k, at + W_BYTES - 1)
+        n = n + 5
+      elseif not rec.loaded then                       -- a window not charged in this call: as it was
+        n = n + 1
+        parts[n] = ssub(packed, at, at + W_BYTES - 1)
+      else
+        n = n + 1
+        parts[n] = spack(RECORD_FMT[rec.kind], rec.id, rec.kind, unpack_list(v))
+      end
+    end
   end
-  if #parts == 0 then
+  if n == 0 then
     redis.call('DEL', st.key)
   elseif st.renew then
-    redis.call('SET', st.key, table.concat(parts), 'PX', math.max(ttl or 0, st.min_ttl))
+    redis.call('SET', st.key, concat(parts, '', 1, n), 'PX', max(ttl or 0, st.min_ttl))
   else
-    redis.call('SET', st.key, table.concat(parts), 'KEEPTTL')
+    redis.call('SET', st.key, concat(parts, '', 1, n), 'KEEPTTL')
   end
 end
 
@@ -152,8 +192,14 @@ end
 local function new_cell(lim, st, now, x)
   local c = lim.cell
   c.st, c.v, c.x = st, lim.rec.v, x
-  c.slot = lim.kind == 'w' and math.floor(now / lim.g) or 0
+  c.slot = lim.kind == 'w' and floor(now / lim.g) or 0
   return c                                             -- evaluate() sets the rest
+end
+
+-- The higher of a model's two prices ("in,out" nano-USD per 1K tokens): a check's estimate uses it.
+local function max_price(prices)
+  local price_in, price_out = string.match(prices, '^(%d+),(%d+)$')
+  return max(tonumber(price_in), tonumber(price_out))
 end
 
 -- Decoded agent policies, by their text (decoding is the costliest step of a check), with what can be
@@ -165,19 +211,29 @@ local function decode_policy(blob)
   if policy then return policy end
   if policy_cached >= POLICY_CACHE_SIZE then policy_cache, policy_cached = {}, 0 end
   policy = cjson.decode(blob)
-  policy.records, policy.by_id, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
-  for level = 1, 4 do policy.states[level] = {key = false, dirty = false, renew = false, min_ttl = 0} end
+  policy.records, policy.by_id, policy.by_head, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
+  policy.path_text = policy.p[1] .. ' ' .. policy.p[2] .. ' ' .. policy.p[3] .. ' ' .. policy.p[4]
+  policy.cells, policy.index, policy.charged, policy.reply = {}, {}, {}, {}   -- check.lua's, refilled per call
+  policy.price = {}
+  for model, prices in pairs(policy.mp or {}) do policy.price[model] = max_price(prices) end
+  for level = 1, 4 do
+    policy.states[level] = {key = false, packed = '', parts = {}, dirty = false, renew = false, min_ttl = 0}
+  end
   for _, lim in ipairs(policy.l) do
     lim.kind = lim.m == 'concurrency' and 'c' or kind_of(lim)
-    lim.g = lim.w and math.ceil(lim.w / BUCKETS) or 0
+    lim.g = lim.w and ceil(lim.w / BUCKETS) or 0
+    lim.timed = (lim.f or lim.u) and true or false
+    lim.charge_text = lim.id .. ',' .. LEVEL_TEXT[lim.lv]
     lim.cell = {lim = lim, st = false, v = false, x = 0, slot = 0, oldest = 0, tokens = 0, start = 0, used = 0,
                 remaining = 0, ok = true, retry = 0, reset = 0}
     if lim.kind ~= 'c' then
       local rec = policy.by_id[lim.lv][lim.id]
       if not rec then
-        rec = {id = lim.id, kind = lim.kind, b = lim.b or 0, present = false, lims = {},
+        rec = {id = lim.id, kind = lim.kind, b = lim.b or 0, present = false, lims = {}, st = policy.states[lim.lv],
+               at = 0, loaded = true, patch = false,
                v = lim.kind == 'w' and {-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} or {0, 0}}
         policy.by_id[lim.lv][lim.id] = rec
+        policy.by_head[lim.lv][lim.id .. lim.kind] = rec
         local records = policy.records[lim.lv]
         records[#records + 1] = rec
       end
@@ -193,20 +249,31 @@ end
 -- (now - window). Counting it whole is what makes "never more than the limit in any window-long
 -- interval" hold.
 local function window_used(c, now)
-  local v = c.v
-  local newest = v[1]
-  c.oldest = math.floor((now - c.lim.w) / c.lim.g)
-  if newest < 0 or c.oldest > newest then return 0 end
+  local v, lim = c.v, c.lim
+  local newest, oldest = v[1], floor((now - lim.w) / lim.g)
+  c.oldest = oldest
+  if newest < 0 or oldest > newest then return 0 end
   local used = v[2]
-  for b = newest - BUCKETS, c.oldest - 1 do used = used - v[slot_index(b)] end  -- left the window
+  if newest - BUCKETS >= oldest then return used end  -- no bucket of the ring has left the window
+  load_slots(lim.rec)
+  for b = newest - BUCKETS, oldest - 1 do used = used - v[slot_index(b)] end  -- left the window
   return used
 end
 
 -- Add x (may be negative) to bucket b, advancing the ring and clearing the slots it reuses.
 -- Returns whether the ring advanced (the node's TTL must follow).
 local function window_add(c, b, x)
-  local v = c.v
+  local v, rec = c.v, c.lim.rec
   local newest = v[1]
+  if b == newest and x >= 0 and not rec.loaded then    -- the newest bucket, ring not unpacked: patch it
+    local k = b % SLOTS
+    v[3 + k] = sunpack('<d', rec.st.packed, rec.at + 25 + 8 * k) + x
+    v[2] = v[2] + x
+    rec.patch = k
+    return false
+  end
+  load_slots(rec)
+  rec.patch = false
   if newest >= 0 and b <= newest then
     if b < newest - BUCKETS then b = newest end        -- far behind (a clock step back): count it as newest
     local i = slot_index(b)
@@ -225,7 +292,7 @@ local function window_add(c, b, x)
       v[i] = 0
     end
   end
-  x = math.max(0, x)
+  x = max(0, x)
   v[slot_index(b)] = x
   v[2] = v[2] + x
   v[1] = b
@@ -237,14 +304,14 @@ local function evaluate(c, now)
   local lim, v, x = c.lim, c.v, c.x
   if lim.b then                                       -- token bucket: capacity b, refill a per w
     local rate = lim.a / lim.w
-    local tokens = math.min(lim.b, v[1] + math.max(0, now - v[2]) * rate)
+    local tokens = min(lim.b, v[1] + max(0, now - v[2]) * rate)
     c.tokens = tokens
-    c.remaining = math.floor(tokens)
+    c.remaining = floor(tokens)
     c.ok = x <= tokens
     if c.ok then c.retry = 0
     elseif x > lim.b then c.retry = NEVER
-    else c.retry = math.ceil((x - tokens) / rate) end
-    c.reset = math.ceil((lim.b - (c.ok and tokens - x or tokens)) / rate)
+    else c.retry = ceil((x - tokens) / rate) end
+    c.reset = ceil((lim.b - (c.ok and tokens - x or tokens)) / rate)
   elseif lim.w then                                   -- rolling window, sub-window buckets
     local used, g = window_used(c, now), lim.g
     c.used = used
@@ -256,14 +323,15 @@ local function evaluate(c, now)
       -- bucket k stops counting at (k + 1) * g + w: wait until enough of them have
       local need, freed = used + x - lim.a, 0
       c.retry = NEVER
-      for b = math.max(c.oldest, v[1] - BUCKETS), v[1] do
+      load_slots(lim.rec)
+      for b = max(c.oldest, v[1] - BUCKETS), v[1] do
         freed = freed + v[slot_index(b)]
-        if freed >= need then c.retry = math.max(1, (b + 1) * g + lim.w - now); break end
+        if freed >= need then c.retry = max(1, (b + 1) * g + lim.w - now); break end
       end
     end
     local last = used > 0 and v[1] or nil
     if c.ok and x > 0 then last = c.slot end
-    c.reset = last and math.max(0, (last + 1) * g + lim.w - now) or 0
+    c.reset = last and max(0, (last + 1) * g + lim.w - now) or 0
   else                                                -- calendar period
     local start, finish = period_bounds(lim.p, now)
     local used = v[1] == start and v[2] or 0
@@ -280,7 +348,7 @@ local function charge(c, now)
   local v, st, renew, lim = c.v, c.st, true, c.lim
   if lim.b then
     v[1], v[2] = c.tokens - c.x, now
-    st.min_ttl = math.max(st.min_ttl, math.ceil((lim.b - v[1]) * lim.w / lim.a) + 1000)  -- until refilled
+    st.min_ttl = max(st.min_ttl, ceil((lim.b - v[1]) * lim.w / lim.a) + 1000)  -- until refilled
   elseif c.lim.w then
     renew = window_add(c, c.slot, c.x)
   else
@@ -295,7 +363,7 @@ end
 -- How long a node's state must live to remember this limit, from `now`.
 local function horizon_ms(lim, now)
   if lim.b then return lim.w end
-  if lim.w then return lim.w + 2 * math.ceil(lim.w / BUCKETS) end
+  if lim.w then return lim.w + 2 * ceil(lim.w / BUCKETS) end
   local _, finish = period_bounds(lim.p, now)
   return finish - now
 end
@@ -305,7 +373,7 @@ end
 local function level_ttls(limits, now)
   local ttl = {0, 0, 0, 0}
   for _, lim in ipairs(limits) do
-    if lim.m ~= 'concurrency' then ttl[lim.lv] = math.max(ttl[lim.lv], horizon_ms(lim, now) + 1000) end
+    if lim.m ~= 'concurrency' then ttl[lim.lv] = max(ttl[lim.lv], horizon_ms(lim, now) + 1000) end
   end
   return ttl
 end
@@ -317,12 +385,12 @@ local function adjust(st, lim, checked, delta, now)
   local v = c.v
   if lim.b then
     evaluate(c, now)                                   -- an extra charge goes into debt
-    v[1], v[2] = math.min(lim.b, c.tokens - delta), now
-    st.min_ttl = math.max(st.min_ttl, math.ceil((lim.b - v[1]) * lim.w / lim.a) + 1000)
+    v[1], v[2] = min(lim.b, c.tokens - delta), now
+    st.min_ttl = max(st.min_ttl, ceil((lim.b - v[1]) * lim.w / lim.a) + 1000)
   elseif lim.w then
     window_used(c, now)
-    local where = math.floor(checked / lim.g)
-    if v[1] >= 0 and where >= math.max(c.oldest, v[1] - BUCKETS) and where <= v[1] then
+    local where = floor(checked / lim.g)
+    if v[1] >= 0 and where >= max(c.oldest, v[1] - BUCKETS) and where <= v[1] then
       window_add(c, where, delta)                      -- still counted: correct that bucket
     elseif delta > 0 then
       window_add(c, c.slot, delta)
@@ -330,7 +398,7 @@ local function adjust(st, lim, checked, delta, now)
   else
     local start = period_bounds(lim.p, now)
     local used = v[1] == start and v[2] or 0
-    if start == period_bounds(lim.p, checked) or delta > 0 then v[1], v[2] = start, math.max(0, used + delta) end
+    if start == period_bounds(lim.p, checked) or delta > 0 then v[1], v[2] = start, max(0, used + delta) end
   end
   lim.rec.present = true
   st.dirty, st.renew = true, true
@@ -344,7 +412,7 @@ end
 -- Cost in nano-USD of tokens at a price given in nano-USD per 1K tokens, rounded up.
 local function cost_nanos(tokens, price_per_1k)
   if tokens <= 0 or price_per_1k <= 0 then return 0 end
-  return math.ceil(tokens * price_per_1k / 1000)
+  return ceil(tokens * price_per_1k / 1000)
 end
 
 -- A usage event, as one stream field (see quotas/engine/usage.py for the order of the values).
