@@ -37,10 +37,8 @@ def eight_limits(requests: int = BIG, tokens: int = BIG) -> list[list[LimitDoc]]
 def install(client, engine: QuotaEngine, path, limits) -> None:
     now = dt.datetime.now(dt.timezone.utc)
     nodes = [NodeLimits(level, slug, own_limits=own) for level, slug, own in zip(LEVELS, path, limits)]
-    tools = {"llm_call": 3}
-    client.set(engine.keys.agent_policy(path[0], path[3]),
-               compile_agent(version=1, path=path, nodes=nodes, now=now, tool_weights=tools, model_prices={}))
-    client.hset(engine.keys.org_policy(path[0]), mapping=compile_org(version=1, tool_weights=tools, model_prices={}))
+    client.set(engine.keys.agent_policy(path[0], path[3]), compile_agent(version=1, path=path, nodes=nodes, now=now))
+    client.hset(engine.keys.org_policy(path[0]), mapping=compile_org(version=1, tool_weights={"llm_call": 3}, model_prices={}))
 
 
 def cleanup(client, prefix: str) -> None:

@@ -16,11 +16,6 @@ A limit in the blob (keys short: it is read on every check)::
     {..., "f": 1767225600000}              what an expiring override replaced: in force from this ms
 
 An override and the limit it replaces share an id, so they share counters.
-
-The blob also carries the org's tool weights and model prices, as the org hash has them (``"tw":
-{"llm_call": "3"}``, ``"mp": {"gpt-4o": "2500000,10000000"}``), so a check reads one key for its
-policy instead of two. The org hash keeps them too (settle reads prices there) and says whether the
-org's policy is loaded at all.
 """
 
 from __future__ import annotations
@@ -131,27 +126,17 @@ def compile_node(node: NodeLimits, now: dt.datetime) -> list[dict]:
     return entries
 
 
-def _weights_text(tool_weights: dict[str, int]) -> dict[str, str]:
-    return {tool: str(weight) for tool, weight in tool_weights.items()}
-
-
-def _prices_text(model_prices: dict[str, tuple[Decimal, Decimal]]) -> dict[str, str]:
-    return {model: f"{usd_to_nanos(price_in)},{usd_to_nanos(price_out)}" for model, (price_in, price_out) in model_prices.items()}
-
-
-def compile_agent(*, version: int, path: tuple[str, str, str, str], nodes: Iterable[NodeLimits], now: dt.datetime,
-                  tool_weights: dict[str, int], model_prices: dict[str, tuple[Decimal, Decimal]]) -> str:
-    """The agent's blob: its path, every limit of its four nodes, the org's tool weights and model prices."""
+def compile_agent(*, version: int, path: tuple[str, str, str, str], nodes: Iterable[NodeLimits], now: dt.datetime) -> str:
+    """The agent's blob: its path and every limit of its four nodes."""
     limits = [entry for node in nodes for entry in compile_node(node, now)]
-    return json.dumps({"v": version, "p": list(path), "l": limits, "tw": _weights_text(tool_weights),
-                       "mp": _prices_text(model_prices)}, separators=(",", ":"))
+    return json.dumps({"v": version, "p": list(path), "l": limits}, separators=(",", ":"))
 
 
 def compile_org(*, version: int, tool_weights: dict[str, int], model_prices: dict[str, tuple[Decimal, Decimal]]) -> dict:
     """The org hash: ``v``, ``t:TOOL`` -> weight, ``m:MODEL`` -> "in,out" nano-USD per 1K tokens."""
     fields: dict[str, str | int] = {"v": version}
-    for tool, weight in _weights_text(tool_weights).items():
+    for tool, weight in tool_weights.items():
         fields[f"t:{tool}"] = weight
-    for model, prices in _prices_text(model_prices).items():
-        fields[f"m:{model}"] = prices
+    for model, (price_in, price_out) in model_prices.items():
+        fields[f"m:{model}"] = f"{usd_to_nanos(price_in)},{usd_to_nanos(price_out)}"
     return fields

@@ -88,9 +88,7 @@ def policy_sync_org(*, org: Organization, shared: _Shared | None = None) -> int:
         team_node = teams[team_id]
         path = (org.slug, team_node.slug, member_node.slug, agent.slug)
         nodes = (org_node, team_node, member_node, node("agent", "agent", agent))
-        blobs[keys.agent_policy(org.slug, agent.slug)] = compile_agent(
-            version=version, path=path, nodes=nodes, now=now, tool_weights=shared.tool_weights,
-            model_prices=shared.model_prices)
+        blobs[keys.agent_policy(org.slug, agent.slug)] = compile_agent(version=version, path=path, nodes=nodes, now=now)
 
     org_fields = compile_org(version=version, tool_weights=shared.tool_weights, model_prices=shared.model_prices)
     client = engine.client

@@ -92,12 +92,13 @@ class Installer:
                        overrides=[l for l in limits if isinstance(l, OverrideDoc)])
             for level, slug, limits in zip(("org", "team", "user", "agent"), path, (org, team, user, agent))
         ]
-        tools = tools if tools is not None else {"web_search": 1, "llm_call": 3, "code_execute": 5}
-        prices = prices if prices is not None else {"gpt-4o": (Decimal("0.0025"), Decimal("0.01"))}
         client.set(keys.agent_policy(path[0], path[3]),
-                   compile_agent(version=version, path=path, nodes=nodes, now=self.clock.datetime,
-                                 tool_weights=tools, model_prices=prices))
-        fields = compile_org(version=version, tool_weights=tools, model_prices=prices)
+                   compile_agent(version=version, path=path, nodes=nodes, now=self.clock.datetime))
+        fields = compile_org(
+            version=version,
+            tool_weights=tools if tools is not None else {"web_search": 1, "llm_call": 3, "code_execute": 5},
+            model_prices=prices if prices is not None else {"gpt-4o": (Decimal("0.0025"), Decimal("0.01"))},
+        )
         client.delete(keys.org_policy(path[0]))
         client.hset(keys.org_policy(path[0]), mapping=fields)
         if forget_paths:

@@ -223,20 +223,3 @@ def test_a_known_policy_is_not_sent_again_whatever_its_version_looks_like(engine
     for _ in range(3):
         assert engine.check(org="acme", agent="agent-1").allowed
     assert len(learnt) == 1  # the first answer (path unknown yet); not once per check
-
-
-@pytest.mark.parametrize("in_blob", [True, False], ids=["weights-in-policy", "policy-from-before-weights"])
-def test_weights_and_prices_come_from_the_policy_or_for_an_older_policy_from_the_org_hash(engine, install, in_blob):
-    import json
-
-    install(agent=[lim("credits", 10, "1m"), lim("cost", "1", period="day")])
-    key = engine.keys.agent_policy("acme", "agent-1")
-    if not in_blob:  # as policy sync wrote it before the blob carried them: the check reads the org hash
-        blob = json.loads(engine.client.get(key))
-        del blob["tw"], blob["mp"]
-        engine.client.set(key, json.dumps(blob, separators=(",", ":")))
-    decision = engine.check(org="acme", agent="agent-1", tool="llm_call", model="gpt-4o", tokens=1000)
-    assert remaining(decision, "credits") == 7
-    assert remaining(decision, "cost") == Decimal("1") - Decimal("0.01")  # 1000 tokens at the higher price, $0.01/1K
-    event = parse_event(engine.client.xrange(engine.keys.usage_stream("acme"))[-1][1])
-    assert (event.credits, event.cost) == (3, Decimal("0.01"))

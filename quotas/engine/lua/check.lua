@@ -1,10 +1,8 @@
 -- check.lua: evaluate every limit on an agent's path and, only if all pass, charge them all.
 --
 -- KEYS (all share the org's hash tag, see quotas/engine/keys.py):
---   1  aq:{org}:org              org policy hash: v (version), t:TOOL (weight), m:MODEL ("in,out" nano-USD per 1K);
---                                read only when the agent's policy is missing (is the whole org?) or predates "tw"
---   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py), with the
---                                org's tool weights and model prices
+--   1  aq:{org}:org              org policy hash: v (version), t:TOOL (weight), m:MODEL ("in,out" nano-USD per 1K)
+--   2  aq:{org}:a:AGENT          the agent's compiled policy (JSON, see quotas/engine/compile.py)
 --   3..6  aq:{org}:s:LEVEL:NODE  counter state of org, team, user, agent (packed records, see lib.lua);
 --                                read with the policy in one MGET
 --   7  aq:{org}:r                reservations: id -> record
@@ -39,27 +37,24 @@ local now, now_text = now_ms(ARGV[2])
 assert(mode == 'check' or mode == 'peek', 'mode must be check or peek')
 assert(tokens and tokens >= 0, 'tokens must be a number >= 0')
 
+local org_policy = redis.call('HMGET', KEYS[1], 'v', 't:' .. tool, 'm:' .. model)
+if not org_policy[1] then return {'missing'} end
 -- The policy and the four nodes' counter state in one read (KEYS of a path not learnt yet are read,
 -- never written: the answer is "stale" before they are used).
 local got = redis.call('MGET', KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 local blob = got[1]
-if not blob then return {redis.call('HGET', KEYS[1], 'v') and 'unknown' or 'missing'} end
+if not blob then return {'unknown'} end
 local policy = decode_policy(blob)  -- cached and shared between calls: its call-state tables are refilled
 local p = policy.p
 local fresh = policy.v == tonumber(ARGV[10]) and '' or blob  -- numbers: text of a big version has an exponent
 if policy.path_text ~= path_arg then return {'stale', policy.v, blob} end
 
--- The tool's weight (as text for the usage event) and the model's higher price, from the policy (a
--- policy compiled before it carried them: from the org hash)
-local weight_text, price
-if policy.tw then
-  weight_text, price = policy.tw[tool], policy.price[model]
-else
-  local org = redis.call('HMGET', KEYS[1], 't:' .. tool, 'm:' .. model)
-  weight_text, price = org[1] or nil, org[2] and max_price(org[2])
+local weight = tonumber(org_policy[2]) or 1
+local cost = 0
+if org_policy[3] then
+  local price_in, price_out = string.match(org_policy[3], '^(%d+),(%d+)$')
+  cost = cost_nanos(tokens, max(tonumber(price_in), tonumber(price_out)))  -- the estimate uses the higher price
 end
-local weight = weight_text and tonumber(weight_text) or 1
-local cost = price and cost_nanos(tokens, price) or 0  -- the estimate uses the higher price
 
 -- Evaluate the limits that apply to this call, as cells on their node's state (see lib.lua), in the
 -- policy's order; a level's state is read from the MGET above at its first limit. cells[1..n] and
@@ -147,6 +142,6 @@ local id, tokens_text, cost_text = ARGV[7], ARGV[6], cost > 0 and int(cost) or '
 redis.call('HSET', KEYS[7], id, 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
   .. tokens_text .. '|' .. cost_text .. '|' .. now_text .. '|' .. concat(charged, ';', 1, m))
 redis.call('RPUSH', KEYS[8], now_text .. ':' .. id)
-redis.call('XADD', KEYS[9], '*', 'e', usage_event('check', p, tool, model, '1', weight_text or '1', tokens_text,
+redis.call('XADD', KEYS[9], '*', 'e', usage_event('check', p, tool, model, '1', org_policy[2] or '1', tokens_text,
   '0', '0', cost_text, '0', '0', now_text, id, '0'))
 return reply('ok', true, id)

@@ -196,12 +196,6 @@ local function new_cell(lim, st, now, x)
   return c                                             -- evaluate() sets the rest
 end
 
--- The higher of a model's two prices ("in,out" nano-USD per 1K tokens): a check's estimate uses it.
-local function max_price(prices)
-  local price_in, price_out = string.match(prices, '^(%d+),(%d+)$')
-  return max(tonumber(price_in), tonumber(price_out))
-end
-
 -- Decoded agent policies, by their text (decoding is the costliest step of a check), with what can be
 -- derived once: each limit's kind, bucket size, record and cell; each level's records by id.
 local POLICY_CACHE_SIZE = 10000
@@ -214,8 +208,6 @@ local function decode_policy(blob)
   policy.records, policy.by_id, policy.by_head, policy.states = {{}, {}, {}, {}}, {{}, {}, {}, {}}, {{}, {}, {}, {}}, {}
   policy.path_text = policy.p[1] .. ' ' .. policy.p[2] .. ' ' .. policy.p[3] .. ' ' .. policy.p[4]
   policy.cells, policy.index, policy.charged, policy.reply = {}, {}, {}, {}   -- check.lua's, refilled per call
-  policy.price = {}
-  for model, prices in pairs(policy.mp or {}) do policy.price[model] = max_price(prices) end
   for level = 1, 4 do
     policy.states[level] = {key = false, packed = '', parts = {}, dirty = false, renew = false, min_ttl = 0}
   end
