@@ -111,6 +111,10 @@ def test_log_in_see_the_chart_and_change_the_grouping(live_server, users, policy
         assert sorted({group for _, group in bars(page)}) == ["claude-sonnet-4", "gpt-4o", "gpt-4o-mini"]
         assert page.input_value("#id_group_by") == "model"
         _screenshot(page, tmp_path / "dashboard-by-model.png")
+        # A smaller laptop screen: nothing wider than the window.
+        page.set_viewport_size({"width": 1366, "height": 768})
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1366
+        _screenshot(page, tmp_path / "dashboard-1366.png", full_page=False)
 
         # The CSV link downloads the same report in the same session.
         with page.expect_download() as download:
@@ -136,8 +140,8 @@ def _zero_cost_model_days(by, lines) -> int:
     return sum(1 for line in lines[1:] if Decimal(line.split(",")[7]) == 0)
 
 
-def _screenshot(page, path: Path) -> None:
-    page.screenshot(path=str(path), full_page=True)
+def _screenshot(page, path: Path, *, full_page: bool = True) -> None:
+    page.screenshot(path=str(path), full_page=full_page)
     assert path.stat().st_size > 10_000
     keep = os.environ.get("AQ_DASHBOARD_SCREENSHOTS")  # a folder to keep them in, to look at
     if keep:
