@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
@@ -194,7 +195,9 @@ class AgentQuotaView(APIView):
 class DailySpendView(APIView):
     @extend_schema(summary="Spend per day, grouped by team, user, agent, model or tool (JSON, or CSV with format=csv)",
                    parameters=[s.DailySpendQuery],
-                   responses={200: OpenApiResponse(s.DailySpendOutput, description="JSON; text/csv with format=csv"),
+                   responses={(200, "application/json"): s.DailySpendOutput,
+                              (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="With format=csv: "
+                                                                 "a header line, then one line per row."),
                               **ERRORS})
     def get(self, request):
         query = validated(s.DailySpendQuery, request.query_params.dict())
