@@ -383,3 +383,13 @@ def test_entries_written_by_something_else_are_stored_exactly_or_skipped(spendco
     assert HourlySpend.objects.get(org=ORG, tool="search").requests == 1
     assert sum("no usage event" in message for message in caplog.messages) == 2
     assert stream_state(engine) == (1, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_batches_drained_inside_one_outer_transaction_count_once(spendco):
+    engine, clock = spendco
+    sent = Sent()
+    run_traffic(engine, clock, sent, n=60, seed=6)
+    with transaction.atomic():  # a caller's transaction: the batches' commits are savepoints
+        drain_all(batch=7)
+    assert totals() == expected(sent)

@@ -213,6 +213,8 @@ def _upsert_hourly(totals: dict[tuple, list[int]]) -> None:
             + ", ".join(f"{d} text" for d in dims) + ", "
             + ", ".join(f"{m} bigint" for m in measures) + ") ON COMMIT DELETE ROWS"
         )
+        # Emptied at each commit, but a drain inside an outer transaction commits only at its end.
+        cur.execute(f"TRUNCATE {_STAGE}")
         with cur.copy(f"COPY {_STAGE} FROM STDIN") as copy:
             copy.write("".join(lines))
         cost = q(HourlySpend._meta.get_field("cost").column)
