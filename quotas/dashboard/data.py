@@ -109,7 +109,7 @@ class Spend:
 
 
 def spend_over(*, orgs: list[str], start: date, end: date, group_by: str) -> Spend:
-    return Spend(start, end, group_by, daily_spend(org="", orgs=orgs, start=start, end=end, group_by=group_by))
+    return Spend(start, end, group_by, daily_spend(orgs=orgs, start=start, end=end, group_by=group_by))
 
 
 def top_spenders(*, orgs: list[str], start: date, end: date, by: str, limit: int = TOP) -> list[Total]:

@@ -69,7 +69,7 @@ def spend_csv(request: HttpRequest) -> HttpResponse:
         errors = "; ".join(f"{form.add_prefix(name)}: {' '.join(messages)}" for name, messages in form.errors.items())
         return HttpResponse(f"Bad filters: {errors}\n", status=400, content_type="text/plain; charset=utf-8")
     data = form.cleaned_data
-    rows = daily_spend(org="", orgs=orgs, start=data["start"], end=data["end"], group_by=data["group_by"])
+    rows = daily_spend(orgs=orgs, start=data["start"], end=data["end"], group_by=data["group_by"])
     name = "all" if len(orgs) > 1 else orgs[0]
     response = HttpResponse(as_csv(rows, data["group_by"]), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = (

@@ -36,11 +36,14 @@ class SpendRow:
         return row
 
 
-def daily_spend(*, org: str, start: date, end: date, group_by: str, orgs: list[str] | None = None) -> list[SpendRow]:
+def daily_spend(*, org: str | None = None, orgs: list[str] | None = None, start: date, end: date,
+                group_by: str) -> list[SpendRow]:
     """Per day from ``start`` to ``end`` (inclusive, UTC) and per ``group_by`` value, in that order.
 
-    ``orgs`` (instead of ``org``) sums several orgs (the dashboard's staff view).
+    Of ``org``, or summed over ``orgs`` (the dashboard's staff view).
     """
+    if (org is None) == (orgs is None):
+        raise TypeError("give org or orgs")
     if group_by not in GROUPS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
     q = connection.ops.quote_name
