@@ -232,8 +232,9 @@ class Launcher:
                     "--no-control-socket"]  # its default, ~/.gunicorn/gunicorn.ctl, is shared by every run
         celery = [sys.executable, "-m", "celery", "-A", "project"]
         self.spawn("web", gunicorn)
-        self.spawn("worker", celery + ["worker", "--loglevel", "INFO", "--concurrency", "2"])
-        self.spawn("beat", celery + ["beat", "--loglevel", "INFO",
+        # WARNING: beat sends a drain every few seconds; INFO would log three lines for each.
+        self.spawn("worker", celery + ["worker", "--loglevel", "WARNING", "--concurrency", "2"])
+        self.spawn("beat", celery + ["beat", "--loglevel", "WARNING",
                                      "--schedule", str(self.home / "celerybeat-schedule")])
         self.wait_serving(port)
         self.banner(port)
