@@ -15,6 +15,7 @@ from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import redis
 from django.db import connection, transaction
 
 from quotas.engine import QuotaEngine
@@ -315,6 +316,21 @@ def test_a_failed_run_puts_the_agents_back(engine, clock, monkeypatch):
         evaluate_budget_alerts(now=clock.now, engine=engine)
     assert engine.client.smembers(engine.keys.spent_agents("acme")) == {"a1"}
     monkeypatch.undo()
+    assert evaluate(engine, clock) == [("org", "acme", 50)]
+
+
+def test_one_orgs_failure_does_not_hold_up_the_others(engine, clock, monkeypatch):
+    load([COST_DAY])
+    spend(engine, "0.6")
+    Organization.objects.create(slug="aaa-first")  # evaluated before acme
+    evaluate_org = budget_alerts.budget_alerts_evaluate_org
+
+    def failing_first(*, org, **kwargs):
+        if org.slug == "aaa-first":
+            raise redis.ConnectionError("Redis went away for this org")
+        return evaluate_org(org=org, **kwargs)
+
+    monkeypatch.setattr(budget_alerts, "budget_alerts_evaluate_org", failing_first)
     assert evaluate(engine, clock) == [("org", "acme", 50)]
 
 

@@ -386,10 +386,81 @@ def test_entries_written_by_something_else_are_stored_exactly_or_skipped(spendco
 
 
 @pytest.mark.django_db(transaction=True)
-def test_batches_drained_inside_one_outer_transaction_count_once(spendco):
+def test_a_drain_inside_a_callers_transaction_is_refused(spendco):
+    engine, clock = spendco
+    engine.check(org=ORG, agent="a1", tool="search")
+    with pytest.raises(RuntimeError, match="durable"), transaction.atomic():
+        drain_all()  # its XACKs would outlive a rollback of the caller's transaction
+    assert stream_state(engine) == (1, 1)  # read, not acknowledged: the next drain counts it
+    drain_all()
+    assert totals()["requests"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_waits_while_an_older_entry_is_pending_elsewhere(spendco):
+    """A drain whose lock went with its connection read entries; the drain that took over must not
+    move the cursor past them, or they would later look counted."""
     engine, clock = spendco
     sent = Sent()
-    run_traffic(engine, clock, sent, n=60, seed=6)
-    with transaction.atomic():  # a caller's transaction: the batches' commits are savepoints
-        drain_all(batch=7)
+    run_traffic(engine, clock, sent, n=40, seed=7)
+    stream = engine.keys.usage_stream(ORG)
+    engine.client.xgroup_create(stream, GROUP, id="0")
+    lost = engine.client.xreadgroup(GROUP, "lost-drain", {stream: ">"}, count=10)[0][1]  # read, never applied
+    assert len(lost) == 10
+    # The new drain reclaims them first (XAUTOCLAIM) and applies all in order: nothing lost.
+    assert drain_all(batch=10).events == engine.client.xinfo_stream(stream)["entries-added"]
     assert totals() == expected(sent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_new_entries_are_not_applied_past_an_entry_another_drain_holds(spendco, monkeypatch):
+    engine, clock = spendco
+    stream = engine.keys.usage_stream(ORG)
+    for _ in range(30):
+        clock.ms += 1000
+        engine.check(org=ORG, agent="a1", tool="search")
+    engine.client.xgroup_create(stream, GROUP, id="0")
+    drain = usage_drain._StreamDrain(engine.client, stream, engine.keys.spent_agents(ORG), batch=10)
+    monkeypatch.setattr(drain, "_forget_idle_consumers", lambda: None)
+    StreamCursor.objects.get_or_create(stream=stream)
+    drain.last = (0, 0)
+    # A drain that lost its lock reads entries 1-10 after this one's reclaim pass and before its read.
+    engine.client.xreadgroup(GROUP, "lost-drain", {stream: ">"}, count=10)
+    entries = engine.client.xreadgroup(GROUP, drain.consumer, {stream: ">"}, count=10)[0][1]
+    with pytest.raises(usage_drain.DrainConflict, match="lost-drain"):
+        drain._apply(entries, new=True)
+    assert not HourlySpend.objects.exists()  # nothing applied past the held entries
+    result = drain_all()  # the next drain takes both, in order
+    assert result.events == 30 and totals()["requests"] == 30
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_orgs_failure_does_not_hold_up_the_others(spendco):
+    engine, clock = spendco
+    engine.check(org=ORG, agent="a1", tool="search")
+    broken = engine.keys.usage_stream("aaa-broken")  # sorts before spendco
+    engine.client.set(broken, "not a stream")
+    engine.client.sadd(engine.keys.org_index(), "aaa-broken")
+    try:
+        result = drain_all()
+        assert totals()["requests"] == 1
+        assert list(result.failed) == [broken] and "WRONGTYPE" in result.failed[broken]
+        with pytest.raises(CommandError, match="1 streams failed"):
+            call_command("drain_usage", stdout=StringIO())
+    finally:
+        engine.client.delete(broken)
+        engine.client.srem(engine.keys.org_index(), "aaa-broken")
+
+
+def test_an_event_is_counted_whole_or_not_at_all():
+    totals_: dict = {}
+    ts = "1773095400000"
+    with pytest.raises(ValueError, match="out of range"):
+        add_to_rollups(totals_, f"check|o|t|u|a|x|m|1|3|{2**60}|0|0|0|0|0|{ts}|r1|0")
+    with pytest.raises(ValueError, match="out of range"):
+        add_to_rollups(totals_, "check|o|t|u|a|x|m|1|3|0|0|0|0|0|0|99999999999999999|r1|0")
+    with pytest.raises(ValueError, match="too long"):
+        add_to_rollups(totals_, f"check|o|t|u|{'a' * 65}|x|m|1|3|0|0|0|0|0|0|{ts}|r1|0")
+    with pytest.raises(ValueError):
+        add_to_rollups(totals_, f"check|o|t|u|a|x|m|1|3|0|0|0|zero|0|0|{ts}|r1|0")
+    assert totals_ == {}

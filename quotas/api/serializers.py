@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from rest_framework import serializers
 
 from quotas.models.fields import model_name_validator, slug_validator
@@ -109,6 +111,8 @@ class DailySpendQuery(StrictSerializer):
             raise serializers.ValidationError({"to": ["must not be before from"]})
         if (data["to"] - data["from"]).days > 366:
             raise serializers.ValidationError({"to": ["at most 366 days after from"]})
+        if data["to"] >= dt.date.max:
+            raise serializers.ValidationError({"to": [f"must be before {dt.date.max.isoformat()}"]})
         return data
 
 

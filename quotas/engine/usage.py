@@ -72,6 +72,9 @@ def parse_event(fields: dict) -> UsageEvent:
 # What an hourly rollup row adds up, in this order (quotas.models.spend.MEASURES, cost in nano-USD).
 MEASURES = ("requests", "credits", "tokens", "input_tokens", "output_tokens", "cost_nanos", "unsettled", "denied")
 HOUR_MS = 3_600_000
+NAME_MAX, MODEL_MAX = 64, 100  # the longest ids and model names (quotas.vocabulary)
+MAX_TS_MS = 253_402_300_800_000  # 10000-01-01: later is no time Postgres can bucket
+MAX_AMOUNT = 2**53  # per event; sums of a batch stay far inside a bigint
 
 
 def add_to_rollups(totals: dict[tuple, list[int]], raw: str) -> None:
@@ -84,16 +87,25 @@ def add_to_rollups(totals: dict[tuple, list[int]], raw: str) -> None:
     v = raw.split("|")
     if len(v) != len(FIELDS) or v[0] not in KINDS:
         raise ValueError(f"not a usage event: {raw!r}")
-    key = (v[1], int(v[15]) // HOUR_MS * HOUR_MS, v[2], v[3], v[4], v[5], v[6])
+    # Everything checked before anything is added: an entry is counted whole or not at all, and an
+    # entry the database would refuse (an id too long, a number out of range) never reaches it.
+    if any(len(name) > NAME_MAX for name in v[1:6]) or len(v[6]) > MODEL_MAX:
+        raise ValueError(f"not a usage event (a name too long): {raw!r}")
+    requests, credits, tokens, input_tokens, output_tokens, cost, est_tokens, est_cost, ts = (
+        int(v[i]) for i in (7, 8, 9, 10, 11, 12, 13, 14, 15)
+    )
+    if not 0 <= ts < MAX_TS_MS or max(map(abs, (requests, credits, tokens, input_tokens, output_tokens, cost,
+                                                   est_tokens, est_cost))) >= MAX_AMOUNT:
+        raise ValueError(f"not a usage event (a number out of range): {raw!r}")
+    key = (v[1], ts // HOUR_MS * HOUR_MS, v[2], v[3], v[4], v[5], v[6])
     row = totals.get(key)
     if row is None:
         row = totals[key] = [0, 0, 0, 0, 0, 0, 0, 0]
-    row[0] += int(v[7])
-    row[1] += int(v[8])
-    row[2] += int(v[9]) - int(v[13])
-    row[3] += int(v[10])
-    row[4] += int(v[11])
-    row[5] += int(v[12]) - int(v[14])
+    row[0] += requests
+    row[1] += credits
+    row[2] += tokens - est_tokens
+    row[3] += input_tokens
+    row[4] += output_tokens
+    row[5] += cost - est_cost
     row[6] += v[17] == "1"
     row[7] += v[0] == "deny"
-

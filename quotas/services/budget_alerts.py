@@ -29,13 +29,15 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 import httpx
-from django.db import connection, transaction
+import redis
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from quotas.engine import QuotaEngine
 from quotas.engine.compile import limit_id
-from quotas.engine.decision import LimitState, PolicyNotLoaded, UnknownAgent, UnknownOrg
+from quotas.engine.decision import (LimitState, PolicyNotLoaded, QuotaBackendUnavailable, QuotaError, UnknownAgent,
+                                    UnknownOrg)
 from quotas.models import Agent, BudgetAlert, Limit, Organization, Override
 from quotas.policy.effective import merge_node_limits
 from quotas.services.engine import get_engine
@@ -86,7 +88,11 @@ def evaluate_budget_alerts(*, now: dt.datetime | None = None, engine: QuotaEngin
     now = now or engine_now(engine)
     created: list[BudgetAlert] = []
     for org in Organization.objects.order_by("slug").only("id", "slug", "tier", "alert_webhook_url"):
-        created.extend(budget_alerts_evaluate_org(org=org, now=now, engine=engine))
+        try:
+            created.extend(budget_alerts_evaluate_org(org=org, now=now, engine=engine))
+        except (DatabaseError, redis.RedisError, QuotaError):
+            # One org's failure does not hold up the others; its agents are back in its spent set.
+            log.exception("budget alerts: evaluating %s failed; its agents are looked at next run", org.slug)
     return created
 
 
@@ -142,6 +148,8 @@ def _crossings(org: Organization, agent_slugs: list[str], now: dt.datetime, engi
             except (UnknownOrg, PolicyNotLoaded):
                 log.warning("budget alerts: the policy of %s is not in Redis; skipped", org.slug)
                 return alerts
+            if decision.degraded:  # fail-open without Redis: no limits to read; the run fails, the agents go back
+                raise QuotaBackendUnavailable("Redis did not answer the peek")
             for state in decision.limits:
                 budget = pending.get((state.level, state.node, state.id))
                 if budget is None or budget.key in evaluated:

@@ -10,7 +10,12 @@ Nothing that reached a stream is lost or counted twice:
   is the worker killed after its commit and before its XACK.
 - One drain at a time per stream (a Postgres advisory lock, held for the whole drain, released if
   the process dies). With one drainer reading pending entries first and then new ones, both in
-  stream order, "at or before the cursor" means exactly "already applied".
+  stream order, "at or before the cursor" means exactly "already applied". The lock can go
+  unnoticed with its connection (a Postgres restart) while that drain still reads from Redis, so
+  a batch is applied only when no older entry is pending: the cursor never passes an entry that
+  another drain read and did not apply.
+- One org's failure (Redis, Postgres) is logged and leaves its entries pending; the other orgs
+  drain on.
 - Once applied, entries are trimmed from the stream (XTRIM MINID): its memory stays bounded.
 """
 
@@ -25,7 +30,7 @@ from datetime import UTC, date, datetime
 
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from quotas.engine.usage import EVENT_FIELD, add_to_rollups
 from quotas.models import HourlySpend, Organization, RolledDay, StreamCursor
@@ -35,13 +40,14 @@ from quotas.services.engine import get_batch_redis, get_engine
 log = logging.getLogger("quotas.drain")
 
 GROUP = "rollups"
+IDLE_CONSUMER_MS = 3_600_000  # a consumer (a drain process) idle this long with nothing pending is removed
 # Advisory lock namespaces (the first key of pg_advisory_lock(int, int)).
 STREAM_LOCK = 0x61710001  # one drain per stream
 DAY_LOCK = 0x61710002  # a day's rollup against a drain adding to that day (quotas.services.rollups)
 
 
 class DrainConflict(RuntimeError):
-    """The cursor moved under a drain that held the stream's lock: something else drained it."""
+    """Another drain is (or was) at work on the stream: this one stops, its batch stays pending."""
 
 
 @dataclass
@@ -50,12 +56,14 @@ class DrainResult:
     repeats: int = 0  # entries already applied (acknowledged without counting)
     batches: int = 0
     busy: list[str] = field(default_factory=list)  # streams another drain holds
+    failed: dict[str, str] = field(default_factory=dict)  # stream -> what went wrong (its entries stay pending)
 
     def __iadd__(self, other: DrainResult) -> DrainResult:
         self.events += other.events
         self.repeats += other.repeats
         self.batches += other.batches
         self.busy += other.busy
+        self.failed.update(other.failed)
         return self
 
 
@@ -71,7 +79,12 @@ def drain_all(*, batch: int | None = None, max_seconds: float = 60.0, progress=N
     deadline = time.monotonic() + max_seconds
     total = DrainResult()
     for org in sorted(orgs):
-        total += drain_org(org, batch=batch, deadline=deadline, progress=progress)
+        try:
+            total += drain_org(org, batch=batch, deadline=deadline, progress=progress)
+        except (DatabaseError, redis.RedisError, DrainConflict) as error:
+            # One org's failure does not hold up the others; what it read stays pending for the next drain.
+            log.exception("draining the usage stream of %s failed; its entries stay pending", org)
+            total.failed[engine.keys.usage_stream(org)] = f"{type(error).__name__}: {error}"
     return total
 
 
@@ -111,7 +124,7 @@ class _StreamDrain:
             if deleted:  # trimmed while pending: applied (only applied entries are trimmed)
                 self.client.xack(self.stream, GROUP, *deleted)
             if entries:
-                self._apply(entries)
+                self._apply(entries, new=False)
             if start == "0-0":
                 break
         # 2. What is new.
@@ -120,12 +133,28 @@ class _StreamDrain:
             entries = reply[0][1] if reply else []
             if not entries:
                 break
-            self._apply(entries)
+            self._apply(entries, new=True)
         # 3. Trim what is applied. Everything before the cursor was applied: delivered in order,
         # and the cursor moves only in a committed transaction.
         if self.last != (0, 0):
             self.client.xtrim(self.stream, minid=f"{self.last[0]}-{self.last[1]}", approximate=False)
+        self._forget_idle_consumers()
         return self.result
+
+    def _forget_idle_consumers(self) -> None:
+        """Consumers of processes gone (a name per host and pid) with nothing pending: drop them."""
+        for consumer in self.client.xinfo_consumers(self.stream, GROUP):
+            if consumer["name"] != self.consumer and consumer["pending"] == 0 and consumer["idle"] > IDLE_CONSUMER_MS:
+                self.client.xgroup_delconsumer(self.stream, GROUP, consumer["name"])
+
+    def _check_nothing_older_pending(self, first_id: str) -> None:
+        """Refuse to apply a batch while an older entry is pending: another drain read it (one that lost
+        its lock with its connection) and may not have applied it. Applied past it, the cursor would
+        make that entry look counted. The batch stays pending; the next drain takes both, in order."""
+        older = self.client.xpending_range(self.stream, GROUP, min="-", max=first_id, count=1)
+        if older and older[0]["message_id"] != first_id:
+            raise DrainConflict(f"{self.stream}: entry {older[0]['message_id']} is pending with "
+                                f"{older[0]['consumer']}, older than this batch")
 
     def _ensure_group(self) -> None:
         try:
@@ -134,10 +163,16 @@ class _StreamDrain:
             if "BUSYGROUP" not in str(error):
                 raise
 
-    def _apply(self, entries: list) -> None:
+    def _apply(self, entries: list, *, new: bool) -> None:
         ids = [entry_id for entry_id, _ in entries]
         fresh = [(entry_id, fields) for entry_id, fields in entries if _parse_id(entry_id) > self.last]
+        if new and len(fresh) < len(entries):
+            # New entries are never at or before the cursor, unless the stream was recreated with older
+            # ids (a restore, a failover to a server whose clock is behind): say so, loudly.
+            log.error("usage stream %s: %d new entries at or before the cursor %d-%d (stream reset?); not counted",
+                      self.stream, len(entries) - len(fresh), *self.last)
         if fresh:
+            self._check_nothing_older_pending(fresh[0][0])
             totals: dict[tuple, list[int]] = {}
             for entry_id, fields in fresh:
                 try:
@@ -145,12 +180,12 @@ class _StreamDrain:
                 except (KeyError, ValueError):
                     # Not an event of ours: counting it is impossible, keeping it would block the stream.
                     log.error("usage stream %s: entry %s is no usage event, skipped: %r", self.stream, entry_id, fields)
+            agents = {key[4] for key in totals}
+            if agents:  # before the write: after it, a failure here would leave them out for good
+                self.client.sadd(self.spent_key, *agents)
             newest = _parse_id(fresh[-1][0])
             _write_batch(self.stream, self.last, newest, len(fresh), totals)
             self.last = newest
-            agents = {key[4] for key in totals}
-            if agents:
-                self.client.sadd(self.spent_key, *agents)
         self.client.xack(self.stream, GROUP, *ids)
         self.result.events += len(fresh)
         self.result.repeats += len(ids) - len(fresh)
@@ -166,8 +201,12 @@ def _parse_id(entry_id: str) -> tuple[int, int]:
 
 def _write_batch(stream: str, expected: tuple[int, int], newest: tuple[int, int], events: int,
                  totals: dict[tuple, list[int]]) -> None:
-    """Add a batch to the hourly rollups and move the stream's cursor, in one transaction."""
-    with transaction.atomic():
+    """Add a batch to the hourly rollups and move the stream's cursor, in one transaction.
+
+    Durable: inside a caller's transaction it would be a savepoint, and the XACK after it would
+    acknowledge what a rollback of that transaction could still undo.
+    """
+    with transaction.atomic(durable=True):
         cursor = StreamCursor.objects.select_for_update().get(stream=stream)
         if (cursor.last_ms, cursor.last_seq) != expected:
             raise DrainConflict(f"{stream}: cursor at {cursor.last_id}, expected {expected[0]}-{expected[1]}")
@@ -218,7 +257,7 @@ def _upsert_hourly(totals: dict[tuple, list[int]]) -> None:
         with cur.copy(f"COPY {_STAGE} FROM STDIN") as copy:
             copy.write("".join(lines))
         cost = q(HourlySpend._meta.get_field("cost").column)
-        selected = [f"{m} / 1000000000.0" if m == cost else m for m in measures]  # nano-USD -> USD, exact
+        selected = [f"{m} * 0.000000001" if m == cost else m for m in measures]  # nano-USD -> USD, exact at any size
         cur.execute(
             f"INSERT INTO {table} (org, hour, {', '.join(dims)}, {', '.join(measures)}) "
             f"SELECT org, to_timestamp(hour_ms / 1000), {', '.join(dims)}, {', '.join(selected)} FROM {_STAGE} "

@@ -81,6 +81,7 @@ def test_no_rows_outside_the_range(api, spent):
     ({"from": "2026-01-01", "to": "2026-01-02", "group_by": "planet"}, "group_by"),
     ({"from": "2026-01-01", "to": "2026-01-02", "format": "xml"}, "format"),
     ({"from": "2024-01-01", "to": "2026-01-02"}, "to"),
+    ({"from": "9999-12-31", "to": "9999-12-31"}, "to"),  # its end (the next midnight) is no date
 ])
 @pytest.mark.django_db
 def test_bad_queries_are_400s_naming_the_field(api, params, field):

@@ -25,11 +25,16 @@ class Command(BaseCommand):
 
         try:
             result = drain_all(batch=batch, max_seconds=max_seconds, progress=progress)
-        except DatabaseError as error:
-            raise CommandError(f"PostgreSQL failed; what was read stays pending and drains next time: {error}")
+        except DatabaseError as error:  # before any stream: the list of orgs
+            raise CommandError(f"PostgreSQL failed; nothing was read, run again: {error}")
         except RedisError as error:
             raise CommandError(f"Redis failed; nothing is lost, run again: {error}")
         for stream in result.busy:
             self.stdout.write(self.style.WARNING(f"  {stream}: another drain holds it; skipped"))
         repeats = f" ({result.repeats} already counted, acknowledged)" if result.repeats else ""
-        self.stdout.write(self.style.SUCCESS(f"drained {result.events} events in {result.batches} batches{repeats}"))
+        summary = f"drained {result.events} events in {result.batches} batches{repeats}"
+        if result.failed:
+            failures = "".join(f"\n  {stream}: {error}" for stream, error in result.failed.items())
+            raise CommandError(f"{summary}; {len(result.failed)} streams failed (what was read stays pending and "
+                               f"drains next time):{failures}")
+        self.stdout.write(self.style.SUCCESS(summary))
