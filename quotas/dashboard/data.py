@@ -20,11 +20,10 @@ from django.db import connection
 
 from quotas.engine import QuotaError, UnknownAgent
 from quotas.engine.decision import LEVELS, LimitState
-from quotas.models import Agent, DailySpend, HourlySpend, Organization, RolledDay
-from quotas.models.spend import MEASURES
+from quotas.models import Agent, HourlySpend, Organization
 from quotas.services.engine import get_engine
-from quotas.services.reports import SpendRow, daily_spend, days_in
-from quotas.services.rollups import day_bounds, today_utc
+from quotas.services.reports import SpendRow, daily_spend, days_in, spend_in_range, spend_params
+from quotas.services.rollups import today_utc
 
 log = logging.getLogger(__name__)
 
@@ -120,29 +119,18 @@ def top_spenders(*, orgs: list[str], start: date, end: date, by: str, limit: int
     q = connection.ops.quote_name
     column = q(HourlySpend._meta.get_field(by).column)
     owner = q(HourlySpend._meta.get_field(owner_of).column)
-    measures = [q(HourlySpend._meta.get_field(name).column) for name in MEASURES]
-    listed = ", ".join(measures)
-    first, _ = day_bounds(start)
-    _, last = day_bounds(end)
-    # The same union as reports.daily_spend, summed over the whole range. The owner is the one of the
+    # The rows of reports.daily_spend, summed over the whole range. The owner is the one of the
     # newest row (an agent moved to another user keeps its past spend where it was spent).
     sql = f"""
-        WITH rolled AS (SELECT day FROM {RolledDay._meta.db_table} WHERE day BETWEEN %(start)s AND %(end)s)
-        SELECT org, grp, (ARRAY_AGG(own ORDER BY day DESC))[1], SUM(requests), SUM(tokens), SUM(cost), SUM(denied)
-          FROM (
-            SELECT org, day, {column} AS grp, {owner} AS own, {listed} FROM {DailySpend._meta.db_table}
-             WHERE org = ANY(%(orgs)s) AND day BETWEEN %(start)s AND %(end)s AND day IN (SELECT day FROM rolled)
-            UNION ALL
-            SELECT org, (hour AT TIME ZONE 'UTC')::date, {column}, {owner}, {listed} FROM {HourlySpend._meta.db_table}
-             WHERE org = ANY(%(orgs)s) AND hour >= %(first)s AND hour < %(last)s
-               AND (hour AT TIME ZONE 'UTC')::date NOT IN (SELECT day FROM rolled)
-          ) AS spend
-         GROUP BY org, grp
+        SELECT org, {column}, (ARRAY_AGG({owner} ORDER BY day DESC))[1], SUM(requests), SUM(tokens), SUM(cost),
+               SUM(denied)
+          FROM {spend_in_range(["org", column, owner])}
+         GROUP BY org, {column}
         HAVING SUM(requests) > 0 OR SUM(denied) > 0
-         ORDER BY SUM(cost) DESC, SUM(tokens) DESC, org, grp
+         ORDER BY SUM(cost) DESC, SUM(tokens) DESC, org, {column}
          LIMIT %(limit)s
     """
-    params = {"start": start, "end": end, "first": first, "last": last, "orgs": orgs, "limit": limit}
+    params = {**spend_params(orgs, start, end), "limit": limit}
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return [Total(org, name, own, int(requests), int(tokens), Decimal(cost), int(denied))

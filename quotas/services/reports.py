@@ -46,31 +46,42 @@ def daily_spend(*, org: str | None = None, orgs: list[str] | None = None, start:
         raise TypeError("give org or orgs")
     if group_by not in GROUPS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
-    q = connection.ops.quote_name
-    column = q(HourlySpend._meta.get_field(group_by).column)
-    measures = [q(HourlySpend._meta.get_field(name).column) for name in MEASURES]
-    sums = ", ".join(f"SUM({m})" for m in measures)
-    listed = ", ".join(measures)
-    first, _ = day_bounds(start)
-    _, last = day_bounds(end)
-    org_list = orgs if orgs is not None else [org]
-    # The rolled-up days as a list (at most 367): a day is read from exactly one of the two tables.
-    rolled = list(RolledDay.objects.filter(day__range=(start, end)).values_list("day", flat=True))
-    sql = f"""
-        SELECT day, grp, {sums} FROM (
-            SELECT day, {column} AS grp, {listed} FROM {DailySpend._meta.db_table}
-             WHERE org = ANY(%(orgs)s) AND day = ANY(%(rolled)s::date[])
-            UNION ALL
-            SELECT (hour AT TIME ZONE 'UTC')::date, {column}, {listed} FROM {HourlySpend._meta.db_table}
-             WHERE org = ANY(%(orgs)s) AND hour >= %(first)s AND hour < %(last)s
-               AND NOT (hour AT TIME ZONE 'UTC')::date = ANY(%(rolled)s::date[])
-        ) AS spend
-        GROUP BY day, grp ORDER BY day, grp
-    """
+    column = connection.ops.quote_name(HourlySpend._meta.get_field(group_by).column)
+    sums = ", ".join(f"SUM({m})" for m in measure_columns())
+    sql = f"SELECT day, {column}, {sums} FROM {spend_in_range([column])} GROUP BY day, {column} ORDER BY day, {column}"
     with connection.cursor() as cur:
-        cur.execute(sql, {"first": first, "last": last, "orgs": org_list, "rolled": rolled})
+        cur.execute(sql, spend_params(orgs if orgs is not None else [org], start, end))
         return [SpendRow(row[0], row[1], *[int(v) for v in row[2:7]], Decimal(row[7]), int(row[8]), int(row[9]))
                 for row in cur.fetchall()]
+
+
+def measure_columns() -> list[str]:
+    """The quoted columns of MEASURES (the same in HourlySpend and DailySpend)."""
+    return [connection.ops.quote_name(HourlySpend._meta.get_field(name).column) for name in MEASURES]
+
+
+def spend_in_range(columns: list[str]) -> str:
+    """SQL for FROM: the rollup rows of %(orgs)s from %(start)s to %(end)s (with spend_params), as
+    ``spend(day, *columns, *measures)``; each day read from exactly one table: DailySpend when it is
+    rolled up, HourlySpend otherwise. One statement, so one snapshot: a late event drained meanwhile
+    is in both or in neither of what it reads."""
+    # An array, evaluated once (a semi-join on the marks can be planned as a loop per row).
+    rolled = f"ARRAY(SELECT day FROM {RolledDay._meta.db_table} WHERE day BETWEEN %(start)s AND %(end)s)"
+    picked = ", ".join([*columns, *measure_columns()])
+    return f"""(
+        SELECT day, {picked} FROM {DailySpend._meta.db_table}
+         WHERE org = ANY(%(orgs)s) AND day = ANY({rolled})
+        UNION ALL
+        SELECT (hour AT TIME ZONE 'UTC')::date, {picked} FROM {HourlySpend._meta.db_table}
+         WHERE org = ANY(%(orgs)s) AND hour >= %(first)s AND hour < %(last)s
+           AND NOT (hour AT TIME ZONE 'UTC')::date = ANY({rolled})
+    ) AS spend"""
+
+
+def spend_params(orgs: list[str], start: date, end: date) -> dict:
+    first, _ = day_bounds(start)
+    _, last = day_bounds(end)
+    return {"orgs": orgs, "start": start, "end": end, "first": first, "last": last}
 
 
 def days_in(start: date, end: date) -> list[date]:
