@@ -464,3 +464,28 @@ def test_an_event_is_counted_whole_or_not_at_all():
     with pytest.raises(ValueError):
         add_to_rollups(totals_, f"check|o|t|u|a|x|m|1|3|0|0|0|zero|0|0|{ts}|r1|0")
     assert totals_ == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reclaimed_batch_of_counted_and_uncounted_entries_counts_each_once(spendco):
+    """Pending: 10 entries a killed drain committed (not acknowledged), then 10 a failed write left.
+    The next drain reclaims all 20 in one batch: the first 10 are repeats, the rest count."""
+    engine, clock = spendco
+    stream = engine.keys.usage_stream(ORG)
+    for _ in range(20):
+        clock.ms += 1000
+        engine.check(org=ORG, agent="a1", tool="search")
+    engine.client.xgroup_create(stream, GROUP, id="0")
+    committed = engine.client.xreadgroup(GROUP, "killed-drain", {stream: ">"}, count=10)[0][1]
+    engine.client.xreadgroup(GROUP, "failed-drain", {stream: ">"}, count=10)
+    StreamCursor.objects.get_or_create(stream=stream)
+    counted: dict = {}
+    for _, fields in committed:
+        add_to_rollups(counted, fields["e"])
+    newest = usage_drain._parse_id(committed[-1][0])
+    usage_drain._write_batch(stream, (0, 0), newest, len(committed), counted)  # committed, never acknowledged
+    assert totals()["requests"] == 10
+    result = drain_all(batch=100)  # reclaims all 20 pending entries in one batch
+    assert (result.events, result.repeats) == (10, 10)
+    assert totals()["requests"] == 20
+    assert stream_state(engine) == (1, 0)

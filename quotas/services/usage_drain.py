@@ -147,14 +147,16 @@ class _StreamDrain:
             if consumer["name"] != self.consumer and consumer["pending"] == 0 and consumer["idle"] > IDLE_CONSUMER_MS:
                 self.client.xgroup_delconsumer(self.stream, GROUP, consumer["name"])
 
-    def _check_nothing_older_pending(self, first_id: str) -> None:
-        """Refuse to apply a batch while an older entry is pending: another drain read it (one that lost
-        its lock with its connection) and may not have applied it. Applied past it, the cursor would
-        make that entry look counted. The batch stays pending; the next drain takes both, in order."""
-        older = self.client.xpending_range(self.stream, GROUP, min="-", max=first_id, count=1)
-        if older and older[0]["message_id"] != first_id:
-            raise DrainConflict(f"{self.stream}: entry {older[0]['message_id']} is pending with "
-                                f"{older[0]['consumer']}, older than this batch")
+    def _check_nothing_older_pending(self, batch_ids: list[str], first_fresh: str) -> None:
+        """Refuse to apply a batch while an older entry outside it is pending: another drain read it (one
+        that lost its lock with its connection) and may not have applied it. Applied past it, the cursor
+        would make that entry look counted. The batch stays pending; the next drain takes both, in order."""
+        older = self.client.xpending_range(self.stream, GROUP, min="-", max=first_fresh, count=len(batch_ids) + 1)
+        ours = set(batch_ids)
+        foreign = [entry for entry in older if entry["message_id"] not in ours]
+        if foreign:
+            raise DrainConflict(f"{self.stream}: entry {foreign[0]['message_id']} is pending with "
+                                f"{foreign[0]['consumer']}, older than this batch")
 
     def _ensure_group(self) -> None:
         try:
@@ -172,7 +174,7 @@ class _StreamDrain:
             log.error("usage stream %s: %d new entries at or before the cursor %d-%d (stream reset?); not counted",
                       self.stream, len(entries) - len(fresh), *self.last)
         if fresh:
-            self._check_nothing_older_pending(fresh[0][0])
+            self._check_nothing_older_pending(ids, fresh[0][0])
             totals: dict[tuple, list[int]] = {}
             for entry_id, fields in fresh:
                 try:
