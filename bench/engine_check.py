@@ -90,6 +90,14 @@ def run() -> dict:
         trivial = client.register_script("return redis.call('GET', KEYS[1])")
         trivial_key = f"{prefix}:trivial"
         client.set(trivial_key, "1")
+        trivial(keys=[trivial_key])  # loaded, so its sha is known
+        pool = client.connection_pool
+        raw = pool.connection_class(**pool.connection_kwargs)
+
+        def raw_call(*command):
+            raw.send_command(*command)
+            return raw.read_response()
+
         tiers = [Tier(level, f"{level}-x", BIG, BIG, 3600) for level in LEVELS]
 
         import limits
@@ -104,6 +112,9 @@ def run() -> dict:
             "(b) seed-003 check, 2 round trips": lambda: hierarchical_check(client, prefix, tiers, tokens=100),
             "(c) limits moving window, 4 hits": lambda: [limiter.hit(item, level, "x") for item, level in zip(items, LEVELS)],
             "(d) engine check, 8 limits": lambda: engine.check(org="bench", agent="agent-x", tokens=100),
+            # (a) on the engine's own client path (quotas/engine/scripts.py: a connection per thread, no
+            # execute_command): the floor for that path, so the client's share shows on its own.
+            "(a') trivial EVALSHA on a raw connection": lambda: raw_call("EVALSHA", trivial.sha, 1, trivial_key),
         }
         samples: dict[str, list[float]] = {name: [] for name in cases}
         server: dict[str, list[float]] = {name: [] for name in cases}
@@ -185,6 +196,7 @@ def report(results: dict) -> str:
     lines = [
         "Engine check latency (microseconds, one client, loopback)",
         table(["case", "p50", "p99", "p50 vs (a)"], rows),
+        f"(d) p50 / (a') p50: {d / latency[names[4]]['p50']:.2f} (the floor on the engine's own client path)",
         "server time per call (best round): " + "; ".join(
             f"{name.split(')')[0]}) {value:.0f} us" for name, value in results["server_us"].items()
         ) + ": the rest of each p50 is the client and the loopback",

@@ -45,7 +45,7 @@ from .decision import (
     UnknownReservation,
 )
 from .keys import Keys
-from .scripts import Scripts, function_name, unavailable
+from .scripts import Scripts, unavailable
 
 log = logging.getLogger("quotas.engine")
 
@@ -201,32 +201,27 @@ class QuotaEngine:
         for _ in range(4):
             if not pending:
                 break
-            sent = []
-            with self.client.pipeline(transaction=False) as pipe:
+            sent, calls = [], []
+            for i in pending:
+                item = checks[i]
+                known = self._known.get((org, item["agent"])) or self._placeholder(org, item["agent"])
+                calls.append((known.check_keys,
+                              self._check_args("check", known, item.get("tool"), item.get("model"), item.get("tokens", 0))))
+                sent.append((i, known))
+            try:
+                replies = self._scripts.run_many("check", calls)
+                failed = next((reply for reply in replies if isinstance(reply, Exception) and unavailable(reply)), None)
+                if failed is not None:
+                    raise QuotaBackendUnavailable(f"Redis cannot serve the checks now: {failed}") from failed
+            except QuotaBackendUnavailable:
+                if self.fail_mode == "closed":
+                    raise
+                self.fail_open_admits += len(pending)
+                log.warning("Redis unreachable: admitting %d checks of %s without a check (fail-open)",
+                            len(pending), org)
                 for i in pending:
-                    item = checks[i]
-                    known = self._known.get((org, item["agent"])) or self._placeholder(org, item["agent"])
-                    args = self._check_args("check", known, item.get("tool"), item.get("model"), item.get("tokens", 0))
-                    pipe.execute_command("FCALL", function_name("check"), len(known.check_keys), *known.check_keys,
-                                         *args)
-                    sent.append((i, known))
-                try:
-                    replies = pipe.execute(raise_on_error=False)
-                    failed = next((reply for reply in replies if isinstance(reply, Exception) and unavailable(reply)),
-                                  None)
-                    if failed is not None:
-                        raise failed
-                except redis.RedisError as exc:
-                    if not unavailable(exc):
-                        raise
-                    if self.fail_mode == "closed":
-                        raise QuotaBackendUnavailable(f"Redis cannot serve the checks now: {exc}") from exc
-                    self.fail_open_admits += len(pending)
-                    log.warning("Redis unreachable: admitting %d checks of %s without a check (fail-open)",
-                                len(pending), org)
-                    for i in pending:
-                        results[i] = Decision(True, degraded=True)
-                    return results
+                    results[i] = Decision(True, degraded=True)
+                return results
             retry_later, missing = [], False
             for (i, known), reply in zip(sent, replies):
                 agent = checks[i]["agent"]

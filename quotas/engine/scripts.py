@@ -17,6 +17,8 @@ the call again. A Redis that cannot be reached in time becomes
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -64,14 +66,72 @@ def function_name(name: str) -> str:
 
 
 class Scripts:
+    """Runs the scripts, each call on a connection of the calling thread's own.
+
+    The hot path sends its FCALL on a connection it keeps per thread (and per process: a forked
+    worker opens its own), not through ``Redis.execute_command``: the client's per-command work
+    (taking a connection from the pool and giving it back, its retry wrapper, its observability
+    hooks) cost more than the script itself (bench/engine_check.py). The connection is redis-py's
+    own, made from the client's settings (address, timeouts, decoding); on an error it is closed,
+    and the next call connects again.
+    """
+
     def __init__(self, client: redis.Redis):
         self.client = client
+        self._local = threading.local()
+
+    def _connection(self):
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            pool = self.client.connection_pool
+            local.connection, local.pid = pool.connection_class(**pool.connection_kwargs), os.getpid()
+        return local.connection
+
+    def _call(self, *command):
+        connection = self._connection()
+        for attempt in (1, 2):
+            try:
+                connection.send_command(*command)
+                return connection.read_response()
+            except redis.exceptions.ResponseError:
+                raise  # an error answer, read whole: the connection is fine
+            except redis.ConnectionError:
+                connection.disconnect()
+                if attempt == 2:
+                    raise
+                # Once more on a new connection, as redis-py's client does: a connection the server
+                # closed while it was idle (a restart, a timeout) fails only when it is next used.
+            except BaseException:
+                connection.disconnect()  # a reply half read (a timeout, Ctrl-C) must not be the next call's
+                raise
+
+    def _call_many(self, commands: list[tuple]) -> list:
+        """Pipelined on the thread's connection: every command sent at once, then every reply read.
+        An error answer takes its command's place in the list; the others are read on."""
+        connection = self._connection()
+        for attempt in (1, 2):
+            replies: list = []
+            try:
+                connection.send_packed_command(connection.pack_commands(commands))
+                for _ in commands:
+                    try:
+                        replies.append(connection.read_response())
+                    except redis.exceptions.ResponseError as error:
+                        replies.append(error)
+                return replies
+            except redis.ConnectionError:
+                connection.disconnect()
+                if attempt == 2 or replies:  # once more only if no command can have run
+                    raise
+            except BaseException:
+                connection.disconnect()
+                raise
 
     def load(self) -> None:
         self.client.execute_command("FUNCTION", "LOAD", "REPLACE", library()[1])
 
     def run(self, name: str, keys: list, args: list):
-        command = self.client.execute_command
+        command = self._call
         try:
             try:
                 return command("FCALL", function_name(name), len(keys), *keys, *args)
@@ -86,3 +146,13 @@ class Scripts:
             if unavailable(exc):
                 raise QuotaBackendUnavailable(f"Redis cannot serve the check now: {type(exc).__name__}: {exc}") from exc
             raise
+
+    def run_many(self, name: str, calls: list[tuple[list, list]]) -> list:
+        """Several calls of one script, (keys, args) each, in one round trip. Each reply, or the
+        ResponseError its call got, in order ("Function not found": load() and send again). Redis
+        unreachable raises, as from run()."""
+        function = function_name(name)
+        try:
+            return self._call_many([("FCALL", function, len(keys), *keys, *args) for keys, args in calls])
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc

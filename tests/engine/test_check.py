@@ -136,6 +136,14 @@ def test_a_server_without_the_functions_gets_them_loaded(engine, install, redis_
     assert not engine.check(org="acme", agent="agent-1").allowed
 
 
+def test_a_batch_on_a_server_without_the_functions_gets_them_loaded(engine, install, redis_client):
+    install(agent=[lim("requests", 2, "1m")])
+    assert engine.check(org="acme", agent="agent-1").allowed
+    redis_client.function_flush()
+    results = engine.check_many(org="acme", checks=[{"agent": "agent-1"}, {"agent": "agent-1"}])
+    assert [result.allowed for result in results] == [True, False]  # each call answered once, in order
+
+
 def test_every_admitted_check_appends_a_usage_event(engine, install, redis_client, clock):
     install(agent=[lim("requests", 1, "1m")])
     decision = engine.check(org="acme", agent="agent-1", tool="llm_call", model="gpt-4o", tokens=1000)
