@@ -20,8 +20,9 @@ from django.db import connection
 
 from quotas.engine import QuotaError, UnknownAgent
 from quotas.engine.decision import LEVELS, LimitState
-from quotas.models import Agent, HourlySpend, Organization
+from quotas.models import Agent, Organization
 from quotas.services.engine import get_engine
+from quotas.models.spend import column
 from quotas.services.reports import SpendRow, daily_spend, days_in, spend_in_range, spend_params
 from quotas.services.rollups import today_utc
 
@@ -116,18 +117,16 @@ def top_spenders(*, orgs: list[str], start: date, end: date, by: str, limit: int
     if by not in ("user", "agent"):
         raise ValueError("by must be user or agent")
     owner_of = {"user": "team", "agent": "user"}[by]
-    q = connection.ops.quote_name
-    column = q(HourlySpend._meta.get_field(by).column)
-    owner = q(HourlySpend._meta.get_field(owner_of).column)
+    group, owner = column(by), column(owner_of)
     # The rows of reports.daily_spend, summed over the whole range. The owner is the one of the
     # newest row (an agent moved to another user keeps its past spend where it was spent).
     sql = f"""
-        SELECT org, {column}, (ARRAY_AGG({owner} ORDER BY day DESC))[1], SUM(requests), SUM(tokens), SUM(cost),
+        SELECT org, {group}, (ARRAY_AGG({owner} ORDER BY day DESC))[1], SUM(requests), SUM(tokens), SUM(cost),
                SUM(denied)
-          FROM {spend_in_range(["org", column, owner])}
-         GROUP BY org, {column}
+          FROM {spend_in_range(["org", group, owner])}
+         GROUP BY org, {group}
         HAVING SUM(requests) > 0 OR SUM(denied) > 0
-         ORDER BY SUM(cost) DESC, SUM(tokens) DESC, org, {column}
+         ORDER BY SUM(cost) DESC, SUM(tokens) DESC, org, {group}
          LIMIT %(limit)s
     """
     params = {**spend_params(orgs, start, end), "limit": limit}

@@ -6,7 +6,7 @@ and a moved agent's past spend stays with the team it was spent in.
 
 from __future__ import annotations
 
-from django.db import models
+from django.db import connection, models
 
 # The dimensions of a rollup row, in the order of its unique key (after org and the time bucket).
 DIMENSIONS = ("team", "user", "agent", "tool", "model")
@@ -51,6 +51,15 @@ class HourlySpend(SpendRow):
             models.UniqueConstraint(fields=["hour", "org", *DIMENSIONS], name="hourly_spend_unique"),
         ]
         verbose_name_plural = "hourly spend"
+
+
+def column(name: str) -> str:
+    """A rollup field's column, quoted for raw SQL (the same in HourlySpend and DailySpend)."""
+    return connection.ops.quote_name(HourlySpend._meta.get_field(name).column)
+
+
+def columns(names) -> list[str]:
+    return [column(name) for name in names]
 
 
 class DailySpend(SpendRow):

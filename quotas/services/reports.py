@@ -11,7 +11,7 @@ from decimal import Decimal
 from django.db import connection
 
 from quotas.models import DailySpend, HourlySpend, RolledDay
-from quotas.models.spend import MEASURES
+from quotas.models.spend import MEASURES, column, columns
 from quotas.services.rollups import day_bounds
 
 GROUPS = ("team", "user", "agent", "model", "tool")
@@ -46,28 +46,23 @@ def daily_spend(*, org: str | None = None, orgs: list[str] | None = None, start:
         raise TypeError("give org or orgs")
     if group_by not in GROUPS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
-    column = connection.ops.quote_name(HourlySpend._meta.get_field(group_by).column)
-    sums = ", ".join(f"SUM({m})" for m in measure_columns())
-    sql = f"SELECT day, {column}, {sums} FROM {spend_in_range([column])} GROUP BY day, {column} ORDER BY day, {column}"
+    group = column(group_by)
+    sums = ", ".join(f"SUM({m})" for m in columns(MEASURES))
+    sql = f"SELECT day, {group}, {sums} FROM {spend_in_range([group])} GROUP BY day, {group} ORDER BY day, {group}"
     with connection.cursor() as cur:
         cur.execute(sql, spend_params(orgs if orgs is not None else [org], start, end))
         return [SpendRow(row[0], row[1], *[int(v) for v in row[2:7]], Decimal(row[7]), int(row[8]), int(row[9]))
                 for row in cur.fetchall()]
 
 
-def measure_columns() -> list[str]:
-    """The quoted columns of MEASURES (the same in HourlySpend and DailySpend)."""
-    return [connection.ops.quote_name(HourlySpend._meta.get_field(name).column) for name in MEASURES]
-
-
-def spend_in_range(columns: list[str]) -> str:
+def spend_in_range(picked_columns: list[str]) -> str:
     """SQL for FROM: the rollup rows of %(orgs)s from %(start)s to %(end)s (with spend_params), as
-    ``spend(day, *columns, *measures)``; each day read from exactly one table: DailySpend when it is
+    ``spend(day, *picked_columns, *measures)``; each day read from exactly one table: DailySpend when it is
     rolled up, HourlySpend otherwise. One statement, so one snapshot: a late event drained meanwhile
     is in both or in neither of what it reads."""
     # An array, evaluated once (a semi-join on the marks can be planned as a loop per row).
     rolled = f"ARRAY(SELECT day FROM {RolledDay._meta.db_table} WHERE day BETWEEN %(start)s AND %(end)s)"
-    picked = ", ".join([*columns, *measure_columns()])
+    picked = ", ".join([*picked_columns, *columns(MEASURES)])
     return f"""(
         SELECT day, {picked} FROM {DailySpend._meta.db_table}
          WHERE org = ANY(%(orgs)s) AND day = ANY({rolled})

@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from quotas.models import DailySpend, HourlySpend, RolledDay
-from quotas.models.spend import DIMENSIONS, MEASURES
+from quotas.models.spend import DIMENSIONS, MEASURES, columns
 from quotas.services.usage_drain import DAY_LOCK
 
 # Finished days the scheduled rollup looks back over (older days: `manage.py roll_up_days --from`).
@@ -38,10 +38,9 @@ def roll_up_day(day: date, *, now: datetime | None = None) -> int:
     if day >= today_utc(now):
         raise ValueError(f"{day} is not over yet (UTC); only finished days are rolled up")
     start, end = day_bounds(day)
-    q = connection.ops.quote_name
     daily, hourly = DailySpend._meta.db_table, HourlySpend._meta.db_table
-    dims = ", ".join(q(HourlySpend._meta.get_field(name).column) for name in DIMENSIONS)
-    measures = [q(HourlySpend._meta.get_field(name).column) for name in MEASURES]
+    dims = ", ".join(columns(DIMENSIONS))
+    measures = columns(MEASURES)
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [DAY_LOCK, day.toordinal()])
         cur.execute(f"DELETE FROM {daily} WHERE day = %s", [day])

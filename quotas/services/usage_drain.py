@@ -34,7 +34,7 @@ from django.db import DatabaseError, connection, transaction
 
 from quotas.engine.usage import EVENT_FIELD, add_to_rollups
 from quotas.models import HourlySpend, Organization, RolledDay, StreamCursor
-from quotas.models.spend import DIMENSIONS, MEASURES
+from quotas.models.spend import DIMENSIONS, MEASURES, column, columns
 from quotas.services.engine import get_batch_redis, get_engine
 
 log = logging.getLogger("quotas.drain")
@@ -238,10 +238,8 @@ def _upsert_hourly(totals: dict[tuple, list[int]]) -> None:
     those value by value in Python). Ids and model names cannot hold tabs, newlines or backslashes
     (quotas.vocabulary), but an entry written by anything else could: those are escaped.
     """
-    q = connection.ops.quote_name
     table = HourlySpend._meta.db_table
-    dims = [q(HourlySpend._meta.get_field(name).column) for name in DIMENSIONS]
-    measures = [q(HourlySpend._meta.get_field(name).column) for name in MEASURES]
+    dims, measures = columns(DIMENSIONS), columns(MEASURES)
     lines = []
     for key, values in totals.items():
         text = "\t".join(map(str, key))
@@ -258,8 +256,7 @@ def _upsert_hourly(totals: dict[tuple, list[int]]) -> None:
         cur.execute(f"TRUNCATE {_STAGE}")
         with cur.copy(f"COPY {_STAGE} FROM STDIN") as copy:
             copy.write("".join(lines))
-        cost = q(HourlySpend._meta.get_field("cost").column)
-        selected = [f"{m} * 0.000000001" if m == cost else m for m in measures]  # nano-USD -> USD, exact at any size
+        selected = [f"{m} * 0.000000001" if m == column("cost") else m for m in measures]  # nano-USD -> USD, exact at any size
         cur.execute(
             f"INSERT INTO {table} (org, hour, {', '.join(dims)}, {', '.join(measures)}) "
             f"SELECT org, to_timestamp(hour_ms / 1000), {', '.join(dims)}, {', '.join(selected)} FROM {_STAGE} "
