@@ -88,26 +88,18 @@ class Scripts:
         return local.connection
 
     def _call(self, *command):
-        connection = self._connection()
-        for attempt in (1, 2):
-            try:
-                connection.send_command(*command)
-                return connection.read_response()
-            except redis.exceptions.ResponseError:
-                raise  # an error answer, read whole: the connection is fine
-            except redis.ConnectionError:
-                connection.disconnect()
-                if attempt == 2:
-                    raise
-                # Once more on a new connection, as redis-py's client does: a connection the server
-                # closed while it was idle (a restart, a timeout) fails only when it is next used.
-            except BaseException:
-                connection.disconnect()  # a reply half read (a timeout, Ctrl-C) must not be the next call's
-                raise
+        reply = self._call_many([command])[0]
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+        return reply
 
     def _call_many(self, commands: list[tuple]) -> list:
         """Pipelined on the thread's connection: every command sent at once, then every reply read.
-        An error answer takes its command's place in the list; the others are read on."""
+        An error answer takes its command's place in the list; the others are read on (the
+        connection stays in step). A connection the server closed while idle (a restart, a timeout)
+        fails only when next used: it is replaced and the commands sent once more, as redis-py's
+        client does, if no reply was read. Anything else (a timeout, Ctrl-C) closes the connection:
+        a reply half read must not be the next call's."""
         connection = self._connection()
         for attempt in (1, 2):
             replies: list = []
@@ -121,7 +113,7 @@ class Scripts:
                 return replies
             except redis.ConnectionError:
                 connection.disconnect()
-                if attempt == 2 or replies:  # once more only if no command can have run
+                if attempt == 2 or replies:  # once more only if no reply was read
                     raise
             except BaseException:
                 connection.disconnect()
