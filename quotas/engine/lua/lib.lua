@@ -192,7 +192,7 @@ end
 local function new_cell(lim, st, now, x)
   local c = lim.cell
   c.st, c.v, c.x = st, lim.rec.v, x
-  c.slot = lim.kind == 'w' and floor(now / lim.g) or 0
+  if lim.kind == 'w' then local q = now / lim.g; c.slot = q - q % 1 else c.slot = 0 end  -- floor, without a C call
   return c                                             -- evaluate() sets the rest
 end
 
@@ -214,10 +214,11 @@ local function decode_policy(blob)
   for _, lim in ipairs(policy.l) do
     lim.kind = lim.m == 'concurrency' and 'c' or kind_of(lim)
     lim.g = lim.w and ceil(lim.w / BUCKETS) or 0
+    lim.whole = lim.kind == 'w' and lim.g * BUCKETS == lim.w  -- the ring's 11 buckets all count (check.lua)
     lim.timed = (lim.f or lim.u) and true or false
     lim.charge_text = lim.id .. ',' .. LEVEL_TEXT[lim.lv]
     lim.cell = {lim = lim, st = false, v = false, x = 0, slot = 0, oldest = 0, tokens = 0, start = 0, used = 0,
-                remaining = 0, ok = true, retry = 0, reset = 0}
+                remaining = 0, ok = true, retry = 0, reset = 0, newest = false}
     if lim.kind ~= 'c' then
       local rec = policy.by_id[lim.lv][lim.id]
       if not rec then
@@ -242,7 +243,9 @@ end
 -- interval" hold.
 local function window_used(c, now)
   local v, lim = c.v, c.lim
-  local newest, oldest = v[1], floor((now - lim.w) / lim.g)
+  local oldest = (now - lim.w) / lim.g
+  oldest = oldest - oldest % 1                                 -- floor, without a C call
+  local newest = v[1]
   c.oldest = oldest
   if newest < 0 or oldest > newest then return 0 end
   local used = v[2]
@@ -323,7 +326,8 @@ local function evaluate(c, now)
     end
     local last = used > 0 and v[1] or nil
     if c.ok and x > 0 then last = c.slot end
-    c.reset = last and max(0, (last + 1) * g + lim.w - now) or 0
+    local reset = last and (last + 1) * g + lim.w - now or 0
+    c.reset = reset > 0 and reset or 0
   else                                                -- calendar period
     local start, finish = period_bounds(lim.p, now)
     local used = v[1] == start and v[2] or 0
@@ -350,6 +354,21 @@ local function charge(c, now)
   lim.rec.present = true
   st.dirty = true
   st.renew = st.renew or renew
+end
+
+-- Charge a cell that check.lua evaluated inline (a window charged in its newest bucket): what
+-- window_add() does for it, without the checks that case does not need.
+local function charge_newest(c)
+  local v, rec, x = c.v, c.lim.rec, c.x
+  local k = c.slot % SLOTS
+  if rec.loaded then
+    v[3 + k] = v[3 + k] + x
+  else                                                 -- ring not unpacked: patch the record's bytes
+    v[3 + k] = sunpack('<d', rec.st.packed, rec.at + 25 + 8 * k) + x
+    rec.patch = k
+  end
+  v[2] = v[2] + x
+  c.st.dirty = true
 end
 
 -- How long a node's state must live to remember this limit, from `now`.
