@@ -89,19 +89,17 @@ class _Known:
 
     def describe(self, rows) -> list[LimitState]:
         """LimitStates from a script's [index * 2 + passed, remaining, reset_ms]* rows."""
-        states = []
+        states, limits, make = [], self.limits, tuple.__new__  # (positional: a third of LimitState(**fields))
         for i in range(0, len(rows), 3):
             index, passed = divmod(int(rows[i]), 2)
-            level, node, metric, limit, window, tool, model, shadow, burst, lid = self.limits[index - 1]
+            level, node, metric, limit, window, tool, model, shadow, burst, lid = limits[index - 1]
             remaining = int(rows[i + 1])
             if metric == "cost":
                 remaining = max(nanos_to_usd(remaining), Decimal(0))
             elif remaining < 0:
                 remaining = 0
-            states.append(LimitState(
-                level=level, node=node, metric=metric, limit=limit, remaining=remaining, window=window, tool=tool,
-                model=model, reset_ms=int(rows[i + 2]), shadow=shadow, burst=burst, id=lid, passed=passed == 1,
-            ))
+            states.append(make(LimitState, (level, node, metric, limit, remaining, window, tool, model,
+                                            int(rows[i + 2]), shadow, burst, lid, passed == 1)))
         return states
 
 
