@@ -40,7 +40,6 @@ def _units(metric: str, value) -> int:
     return int(value)
 
 
-@functools.lru_cache(maxsize=4096)
 def _policy_item(level, node, metric, limit, window, tool, model, month) -> tuple[str, str]:
     """(name, RateLimit-Policy item): all that does not change from one answer to the next."""
     parts = [level, node, metric, window or "at-once"]
@@ -53,18 +52,35 @@ def _policy_item(level, node, metric, limit, window, tool, model, month) -> tupl
     return name, item + f';qu="{UNITS[metric]}"'
 
 
+# (name, policy item) by what the item is made of; a plain dict, looked up once per limit of every
+# answer (an lru_cache costs more per call), emptied when full.
+_policy_items: dict[tuple, tuple[str, str]] = {}
+POLICY_ITEMS_MAX = 4096
+
+
 def ratelimit_headers(decision: Decision, *, retry_after: bool = True) -> dict[str, str]:
     limits = decision.limits
     if not limits:
         return {}
-    today = dt.datetime.now(dt.timezone.utc)
-    month = (today.year, today.month)
+    month = None
     policies, states = [], []
     for limit in limits:
-        name, item = _policy_item(limit.level, limit.node, limit.metric, limit.limit, limit.window, limit.tool,
-                                  limit.model, month if limit.window == "month" else None)
-        policies.append(item)
-        states.append(f"{name};r={_units(limit.metric, limit.remaining)};t={-(-limit.reset_ms // 1000)}")
+        level, node, metric, amount, window, tool, model = (limit.level, limit.node, limit.metric, limit.limit,
+                                                            limit.window, limit.tool, limit.model)
+        if window == "month" and month is None:  # a month's length (w) is the current month's
+            today = dt.datetime.now(dt.timezone.utc)
+            month = (today.year, today.month)
+        key = (level, node, metric, amount, window, tool, model, month if window == "month" else None)
+        cached = _policy_items.get(key)
+        if cached is None:
+            if len(_policy_items) >= POLICY_ITEMS_MAX:
+                _policy_items.clear()
+            cached = _policy_items[key] = _policy_item(*key)
+        policies.append(cached[1])
+        remaining = limit.remaining
+        if metric == "cost" or type(remaining) is not int:
+            remaining = _units(metric, remaining)
+        states.append(f"{cached[0]};r={remaining};t={-(-limit.reset_ms // 1000)}")
     headers = {"RateLimit-Policy": ", ".join(policies), "RateLimit": ", ".join(states)}
     if retry_after and not decision.allowed and decision.retry_after_ms is not None:
         headers["Retry-After"] = str(max(1, math.ceil(decision.retry_after_ms / 1000)))
