@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import datetime as dt
 
-from django.http import HttpResponse
+from django.http import HttpResponse, QueryDict
+from django.http.request import RawPostDataException
+from django.utils.datastructures import MultiValueDict
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from quotas.api import serializers as s
 from quotas.api.errors import not_found
 from quotas.api.headers import ratelimit_headers
+from quotas.api.parsers import StrictJSONParser
 from quotas.engine import Decision, LimitState, QuotaError, QuotaExceeded, UnknownAgent, UnknownLease, UnknownReservation
 from quotas.services import reports
 from quotas.services.engine import get_engine
@@ -59,7 +63,80 @@ def ms_to_iso(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-class CheckView(APIView):
+class _JSONRequest(Request):
+    """DRF's Request, parsing a body sent as exactly `application/json` without choosing among parsers.
+
+    DRF matches the content type against each parser's media type (parsing both) on every request.
+    For this one content type the choice is known: the view's only parser, StrictJSONParser. Any other
+    content type (with parameters, another case, none) takes DRF's own way, 415 and all.
+    """
+
+    def _parse(self):
+        parsers = self.parsers
+        if (len(parsers) != 1 or type(parsers[0]) is not StrictJSONParser
+                or self._request.META.get("CONTENT_TYPE") != StrictJSONParser.media_type):
+            return super()._parse()
+        try:
+            stream = self.stream
+        except RawPostDataException:
+            return super()._parse()
+        if stream is None:  # no body: as DRF, an empty dict (not a form type)
+            return {}, MultiValueDict()
+        try:
+            return parsers[0].parse(stream, StrictJSONParser.media_type, self.parser_context), MultiValueDict()
+        except Exception:
+            # As DRF: empty data after a failed parse, so that nothing parses (and fails) twice.
+            self._data = QueryDict("", encoding=self._request._encoding)
+            self._files = MultiValueDict()
+            self._full_data = self._data
+            raise
+
+
+# The check endpoints' base: DRF's request cycle (authentication, permissions, the exception handler,
+# Response and the renderer) without per-request work that these views do not need. The answers,
+# errors and schema are those of a plain APIView (tests/api/test_hot_path_view.py):
+# - content negotiation: with one renderer (JSON) and no format override, a request without an Accept
+#   header, or with `*/*` or `application/json`, gets that renderer without parsing the header; any
+#   other Accept header is negotiated by DRF (406 when it cannot be satisfied);
+# - a body sent as `application/json` goes straight to the JSON parser (_JSONRequest);
+# - no throttle classes: no throttle pass; the `Allow` header is computed once per class.
+# (No docstring: drf-spectacular would describe every operation of its subclasses with it.)
+class HotPathView(APIView):
+    def initialize_request(self, request, *args, **kwargs):
+        return _JSONRequest(
+            request,
+            parsers=self.get_parsers(),
+            authenticators=self.get_authenticators(),
+            negotiator=self.get_content_negotiator(),
+            parser_context=self.get_parser_context(request),
+        )
+
+    def perform_content_negotiation(self, request, force=False):
+        if len(self.renderer_classes) == 1 and not getattr(self, "format_kwarg", None) and self.settings.URL_FORMAT_OVERRIDE is None:
+            accept = request._request.META.get("HTTP_ACCEPT")
+            renderer = self.renderer_classes[0]
+            if accept is None or accept == "*/*" or accept == renderer.media_type:
+                return renderer(), renderer.media_type  # what DRF's negotiation answers for these
+        return super().perform_content_negotiation(request, force)
+
+    def check_throttles(self, request):
+        if self.throttle_classes:
+            super().check_throttles(request)
+
+    @property
+    def default_response_headers(self):
+        cls = type(self)
+        allow = cls.__dict__.get("_allow_header")
+        if allow is None:
+            allow = ", ".join(self.allowed_methods)
+            cls._allow_header = allow
+        headers = {"Allow": allow}
+        if len(self.renderer_classes) > 1:
+            headers["Vary"] = "Accept"
+        return headers
+
+
+class CheckView(HotPathView):
     @extend_schema(
         summary="Check and charge every limit that applies to a call",
         request=s.CheckInput,
@@ -87,7 +164,7 @@ class CheckView(APIView):
                         headers=ratelimit_headers(decision))
 
 
-class CheckBatchView(APIView):
+class CheckBatchView(HotPathView):
     @extend_schema(
         summary="Up to 100 checks in one request (one Redis round trip), each decided on its own",
         request=s.CheckBatchInput,
