@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import orjson
 from django.http import HttpResponse, QueryDict
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
@@ -18,6 +19,7 @@ from quotas.api import serializers as s
 from quotas.api.errors import not_found
 from quotas.api.headers import ratelimit_headers
 from quotas.api.parsers import StrictJSONParser
+from quotas.api.renderers import render_json
 from quotas.engine import Decision, LimitState, QuotaError, QuotaExceeded, UnknownAgent, UnknownLease, UnknownReservation
 from quotas.services import reports
 from quotas.services.engine import get_engine
@@ -174,14 +176,20 @@ class CheckBatchView(HotPathView):
     )
     def post(self, request):
         checks = s.check_batch_input(request.data)
+        decided = get_engine().check_many(org=request.user.org, checks=checks)
         results = []
-        for item, result in zip(checks, get_engine().check_many(org=request.user.org, checks=checks)):
+        for i, item in enumerate(checks):
+            result, decided[i] = decided[i], None
             if isinstance(result, UnknownAgent):
                 results.append({"error": "not_found", "detail": f"no agent {item['agent']!r} in this organization"})
             elif isinstance(result, QuotaError):
                 results.append({"error": "quota_error", "detail": str(result)})
             else:
-                results.append(decision_json(result))
+                # Written out at once, and the decision let go: 100 decisions, their limits and their
+                # answers all alive until the end are thousands of objects for Python's cyclic garbage
+                # collector to scan, again and again as they age (15 µs a check). The bytes are what the
+                # renderer would write for the dict (tests/api/test_answer_building.py).
+                results.append(orjson.Fragment(render_json(decision_json(result))))
         return Response({"results": results})
 
 

@@ -1,6 +1,7 @@
 """The check answer's body and headers are built for speed; they must be byte for byte what the plain
 way builds: LimitState.as_dict() rendered by orjson with its hook for Decimal and its option for
-keys of any type, and one lru-cached policy item per limit (the reference implementations below)."""
+keys of any type, in one piece, and one lru-cached policy item per limit (the reference
+implementations below)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from rest_framework.exceptions import ErrorDetail
 
 from quotas.api.headers import ratelimit_headers
-from quotas.api.renderers import FastJSONRenderer, _default
+from quotas.api.renderers import FastJSONRenderer, _default, render_json
 from quotas.api.views import decision_json
 from quotas.engine import Decision, LimitState
 from quotas.engine.compile import nanos_to_usd
@@ -118,6 +119,16 @@ def decisions(draw):
 @given(decision=decisions())
 def test_the_body_is_the_reference_body_byte_for_byte(decision):
     assert FastJSONRenderer().render(decision_json(decision)) == reference_render(reference_decision_json(decision))
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=st.lists(decisions() | st.just({"error": "not_found", "detail": "no agent 'x' in this organization"}),
+                      min_size=1, max_size=5))
+def test_a_batch_written_check_by_check_is_the_reference_body(batch):
+    """The batch view writes each decision's answer as it goes (orjson.Fragment): the same bytes."""
+    pieces = [item if isinstance(item, dict) else orjson.Fragment(render_json(decision_json(item))) for item in batch]
+    reference = [item if isinstance(item, dict) else reference_decision_json(item) for item in batch]
+    assert FastJSONRenderer().render({"results": pieces}) == reference_render({"results": reference})
 
 
 @settings(max_examples=400, deadline=None)
