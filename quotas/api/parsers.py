@@ -26,7 +26,7 @@ class StrictJSONParser(BaseParser):
         if len(raw) > MAX_BODY_BYTES:
             raise BodyTooLarge(f"body: over {MAX_BODY_BYTES // 1024} KiB")
         try:
-            data = json.loads(raw.decode("utf-8") or "null", parse_constant=_no_constant)
+            data = _loads(raw.decode("utf-8") or "null")
         except (UnicodeDecodeError, ValueError) as exc:
             raise ParseError(f"body: not valid JSON ({exc})") from None
         except RecursionError:
@@ -38,3 +38,14 @@ class StrictJSONParser(BaseParser):
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not JSON")
+
+
+_decoder = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _loads(text: str):
+    """json.loads(text, parse_constant=_no_constant), less the decoder it makes on every call (half of
+    the time of a check's body): the same check of a byte order mark first, then one decoder's decode."""
+    if text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _decoder.decode(text)
