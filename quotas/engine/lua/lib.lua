@@ -356,18 +356,10 @@ local function charge(c, now)
   st.renew = st.renew or renew
 end
 
--- Charge a cell that check.lua evaluated inline (a window charged in its newest bucket): what
--- window_add() does for it, without the checks that case does not need.
+-- Charge a cell that check.lua evaluated inline (a window charged in its newest bucket): charge()
+-- without its tests of the limit's kind; the ring neither advances nor needs a new TTL.
 local function charge_newest(c)
-  local v, rec, x = c.v, c.lim.rec, c.x
-  local k = c.slot % SLOTS
-  if rec.loaded then
-    v[3 + k] = v[3 + k] + x
-  else                                                 -- ring not unpacked: patch the record's bytes
-    v[3 + k] = sunpack('<d', rec.st.packed, rec.at + 25 + 8 * k) + x
-    rec.patch = k
-  end
-  v[2] = v[2] + x
+  window_add(c, c.slot, c.x)
   c.st.dirty = true
 end
 
