@@ -6,7 +6,7 @@
         ...  # call the model
         engine.settle(org="acme-corp", reservation=d.reservation, input_tokens=1200, output_tokens=640)
 
-A check is one EVALSHA. The script's keys follow from the agent's path (org,
+A check is one FCALL (a batch of checks too). The script's keys follow from the agent's path (org,
 team, user, agent), which the engine learns from the first answer and keeps,
 with the agent's policy (to describe the limits the script reports by index).
 A script that finds the path changed answers "stale" with the new policy and
@@ -182,12 +182,12 @@ class QuotaEngine:
         )
 
     def check_many(self, *, org: str, checks: list[dict]) -> list[Decision | QuotaError]:
-        """Several checks of one org, each decided on its own, sent in one round trip (a pipeline).
+        """Several checks of one org, each decided on its own, in order, in one call (check_batch.lua).
 
         ``checks`` are dicts of ``check``'s arguments (agent, tool, model, tokens). Each result is a
-        Decision, or the QuotaError (UnknownAgent, ...) that ``check`` would have raised for it. An
-        agent met for the first time, or moved by a policy edit, costs one more round trip for its
-        checks only.
+        Decision, or the QuotaError (UnknownAgent, ...) that ``check`` would have raised for it, as
+        the same checks made one by one would answer. Agents met for the first time, or moved by a
+        policy edit, cost one more round trip: the checks from the first of them on are sent again.
         """
         results: list = [None] * len(checks)
         pending = list(range(len(checks)))
@@ -199,18 +199,24 @@ class QuotaEngine:
         for _ in range(4):
             if not pending:
                 break
-            sent, calls = [], []
+            # check_batch.lua's KEYS and ARGV (see its header): each agent's keys once, numbered from 1
+            keys, agent_args, check_args, agents, sent = self._batch_keys(org), [], [], {}, []
             for i in pending:
                 item = checks[i]
-                known = self._known.get((org, item["agent"])) or self._placeholder(org, item["agent"])
-                calls.append((known.check_keys,
-                              self._check_args("check", known, item.get("tool"), item.get("model"), item.get("tokens", 0))))
+                entry = agents.get(item["agent"])
+                if entry is None:
+                    known = self._known.get((org, item["agent"])) or self._placeholder(org, item["agent"])
+                    entry = agents[item["agent"]] = (len(agents) + 1, known)
+                    keys += known.check_keys[1:6]
+                    agent_args += (" ".join(known.path), known.version)
+                number, known = entry
+                check_args += (number, item.get("tool") or "", item.get("model") or "", item.get("tokens", 0),
+                               self._new_id(known.path))
                 sent.append((i, known))
+            args = [self._now(), self.reservation_ttl_ms, self.sweep_per_check * len(sent), len(agents),
+                    *agent_args, *check_args]
             try:
-                replies = self._scripts.run_many("check", calls)
-                failed = next((reply for reply in replies if isinstance(reply, Exception) and unavailable(reply)), None)
-                if failed is not None:
-                    raise QuotaBackendUnavailable(f"Redis cannot serve the checks now: {failed}") from failed
+                reply = self._scripts.run("check_batch", keys, args)
             except QuotaBackendUnavailable:
                 if self.fail_mode == "closed":
                     raise
@@ -220,40 +226,37 @@ class QuotaEngine:
                 for i in pending:
                     results[i] = Decision(True, degraded=True)
                 return results
-            retry_later, missing = [], False
-            for (i, known), reply in zip(sent, replies):
+            if _text(reply[0]) == "missing":
+                if resynced or self.on_policy_missing is None:
+                    error = PolicyNotLoaded(org) if self.on_policy_missing is None else UnknownOrg(org)
+                    for i in pending:
+                        results[i] = error
+                    return results
+                resynced = True
+                if not self._resync(org):
+                    for i in pending:
+                        results[i] = UnknownOrg(org)
+                    return results
+                continue
+            retry_later, learnt, at = [], {}, 0
+            for i, known in sent:
                 agent = checks[i]["agent"]
-                if isinstance(reply, redis.exceptions.ResponseError):
-                    if "Function not found" not in str(reply):
-                        raise reply
-                    self._scripts.load()
-                    retry_later.append(i)
-                    continue
-                status = reply[0] = _text(reply[0])
-                if status == "stale":
-                    self._learn(org, agent, reply[1], reply[2])
-                    retry_later.append(i)
-                elif status == "missing":
-                    missing = True
+                status, version, blob = _text(reply[at]), reply[at + 1], reply[at + 2]
+                end = at + 7 + 3 * int(reply[at + 6])
+                if status == "stale" or status == "skip":  # sent again, in order, from the first stale check
+                    if status == "stale" and agent not in learnt:
+                        learnt[agent] = self._learn(org, agent, version, blob)
                     retry_later.append(i)
                 elif status == "unknown":
                     self._known.pop((org, agent), None)
                     results[i] = UnknownAgent(org, agent)
                 else:
-                    if reply[2]:
-                        known = self._learn(org, agent, reply[1], reply[2])
-                    results[i] = self._decision("check", reply, known)
-            if missing:
-                if resynced or self.on_policy_missing is None:
-                    error = PolicyNotLoaded(org) if self.on_policy_missing is None else UnknownOrg(org)
-                    for i in retry_later:
-                        results[i] = error
-                    return results
-                resynced = True
-                if not self._resync(org):
-                    for i in retry_later:
-                        results[i] = UnknownOrg(org)
-                    return results
+                    if blob:  # the policy changed since we learnt it
+                        known = learnt.get(agent) or self._learn(org, agent, version, blob)
+                        learnt[agent] = known
+                    reply[at] = status
+                    results[i] = self._decision("check", reply[at:at + 6], reply[at + 7:end], known)
+                at = end
             pending = retry_later
         for i in pending:  # pragma: no cover - a policy changing under every attempt
             results[i] = QuotaError(f"the policy of {org}/{checks[i]['agent']} kept changing under the check")
@@ -347,7 +350,7 @@ class QuotaEngine:
             self.fail_open_admits += 1
             log.warning("Redis unreachable: admitting %s/%s %s without a check (fail-open)", org, agent, tool or "")
             return Decision(True, degraded=True)
-        return self._decision(mode, reply, known)
+        return self._decision(mode, reply, reply[6:], known)
 
     def _check_args(self, mode: str, known: _Known, tool: str | None, model: str | None, tokens: int) -> list:
         """check.lua's ARGV (see its header)."""
@@ -355,15 +358,16 @@ class QuotaEngine:
                 self.reservation_ttl_ms, self.sweep_per_check if mode == "check" else 0, known.version]
 
     @staticmethod
-    def _decision(mode: str, reply: list, known: _Known) -> Decision:
-        retry = int(reply[3])
-        allowed = reply[0] == "ok"
+    def _decision(mode: str, head: list, rows: list, known: _Known) -> Decision:
+        """A Decision from a reply's first six values (status ... reservation) and its rows."""
+        retry = int(head[3])
+        allowed = head[0] == "ok"
         return Decision(
             allowed,
             retry_after_ms=None if allowed or retry < 0 else retry,
-            reservation=(_text(reply[5]) or None) if mode == "check" else None,
-            blocked=int(reply[4]),
-            rows=reply[6:],
+            reservation=(_text(head[5]) or None) if mode == "check" else None,
+            blocked=int(head[4]),
+            rows=rows,
             describe=known.describe,
         )
 
@@ -399,6 +403,11 @@ class QuotaEngine:
             if not unavailable(exc):
                 raise
             raise QuotaBackendUnavailable(f"Redis failed while reloading the policy: {exc}") from exc
+
+    def _batch_keys(self, org: str) -> list[bytes]:
+        """check_batch.lua's first 4 KEYS (each agent's 5 follow)."""
+        return [key.encode() for key in (self.keys.org_policy(org), self.keys.reservations(org),
+                                         self.keys.reservation_queue(org), self.keys.usage_stream(org))]
 
     def _placeholder(self, org: str, agent: str) -> _Known:
         # The script answers "stale" (with the real path) before using a key built from "?" (check.lua reads

@@ -46,7 +46,7 @@ def unavailable(exc: BaseException) -> bool:
     if isinstance(exc, UNAVAILABLE_ERRORS):
         return True
     return isinstance(exc, redis.exceptions.ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES
-SCRIPT_NAMES = ("check", "settle", "lease", "sweep")
+SCRIPT_NAMES = ("check", "check_batch", "settle", "lease", "sweep")
 
 
 @cache

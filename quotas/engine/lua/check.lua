@@ -49,71 +49,15 @@ local p = policy.p
 local fresh = policy.v == tonumber(ARGV[10]) and '' or blob  -- numbers: text of a big version has an exponent
 if policy.path_text ~= path_arg then return {'stale', policy.v, blob} end
 
-local weight = tonumber(org_policy[2]) or 1
-local cost = 0
-if org_policy[3] then
-  local price_in, price_out = string.match(org_policy[3], '^(%d+),(%d+)$')
-  cost = cost_nanos(tokens, max(tonumber(price_in), tonumber(price_out)))  -- the estimate uses the higher price
-end
+local weight, cost = call_cost(org_policy, tokens)
+local states = {false, false, false, false}
+local n, blocked, retry = decide(policy, states, KEYS, got, mode == 'peek', tool, model, tokens, weight, cost, now)
 
--- Evaluate the limits that apply to this call, as cells on their node's state (see lib.lua), in the
--- policy's order; a level's state is read from the MGET above at its first limit. cells[1..n] and
--- index[1..n] (the limit's position in the policy) are the policy's own tables, refilled on each call.
-local limits, cells, index, states = policy.l, policy.cells, policy.index, {false, false, false, false}
-local n, blocked, retry = 0, 0, 0
-for i = 1, #limits do
-  local lim = limits[i]
-  if (not lim.timed or active(lim, now)) and (not lim.t or lim.t == tool) and (not lim.md or lim.md == model) then
-    local m = lim.m
-    if m ~= 'concurrency' then
-      local level = lim.lv
-      local st = states[level]
-      if not st then st = read_state(policy, level, KEYS[2 + level], now, got[1 + level]); states[level] = st end
-      local x = m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1
-      local c = new_cell(lim, st, now, x)
-      n = n + 1
-      cells[n], index[n] = c, i
-      -- The common case inline: a window whose newest bucket is now's and whose ring lies wholly inside
-      -- the window counts its total, and the request fits (evaluate() would find the same; it also finds
-      -- when a refused request would pass).
-      local v = c.v
-      local used = v[2]
-      if lim.whole and v[1] == c.slot and used + x <= lim.a then
-        c.used, c.remaining, c.ok, c.retry, c.newest = used, lim.a - used, true, 0, true
-        c.reset = (used > 0 or x > 0) and (c.slot + 1) * lim.g + lim.w - now or 0
-      else
-        c.newest = false
-        evaluate(c, now)
-      end
-      if not c.ok and not lim.sh then
-        -- the request passes once every blocking limit does: the latest of their retry times
-        if blocked == 0 or c.retry == NEVER or (retry ~= NEVER and c.retry > retry) then
-          blocked, retry = n, c.retry
-        end
-      end
-    elseif mode == 'peek' then                         -- leases gate runs, not calls: a check skips them
-      local c = lim.cell
-      local held = redis.call('ZCOUNT', KEYS[9 + lim.lv], '(' .. now, '+inf')
-      c.x, c.remaining, c.ok, c.retry, c.reset = 1, lim.a - held, held + 1 <= lim.a, 0, 0
-      n = n + 1
-      cells[n], index[n] = c, i
-    end
-  end
-end
-
--- The reply (see the top), in the policy's own table: rows of [index * 2 + passed, remaining, reset_ms].
+-- The reply (see the top), in the policy's own table.
 local function reply(status, charged, reservation)
   local out = policy.reply
   out[1], out[2], out[3], out[4], out[5], out[6] = status, policy.v, fresh, retry, blocked, reservation or ''
-  local k = 6
-  for j = 1, n do
-    local c = cells[j]
-    out[k + 1] = c.ok and index[j] * 2 + 1 or index[j] * 2
-    out[k + 2] = charged and c.remaining - c.x or c.remaining
-    out[k + 3] = c.reset
-    k = k + 3
-  end
-  out[k + 1] = nil                                     -- the reply ends at the first nil
+  out[put_rows(out, 6, policy, n, charged) + 1] = nil  -- the reply ends at the first nil
   return out
 end
 
@@ -123,37 +67,20 @@ local sweep_n = tonumber(ARGV[9]) or 0
 if sweep_n > 0 then sweep(KEYS[7], KEYS[8], KEYS[9], p[1], now, sweep_n, tonumber(ARGV[8])) end
 
 if blocked > 0 then
-  redis.call('XADD', KEYS[9], '*', 'e', usage_event('deny', p, tool, model, '0', '0', '0', '0', '0', '0', '0', '0',
-    now_text, '', '0'))
+  redis.call('XADD', KEYS[9], '*', 'e', deny_event(p, tool, model, now_text))
   return reply('deny', false)
 end
 
--- Every limit passed: charge them all (shadow ones too, so they can report what they would block),
--- and write each level's state back with one SET. The reservation remembers which token and cost
--- limits it charged ("id,level"): settle corrects those.
-local charged, m = policy.charged, 0
-for j = 1, n do
-  local c = cells[j]
-  if c.newest then charge_newest(c) else charge(c, now) end
-  local metric = c.lim.m
-  if metric == 'tokens' or metric == 'cost' then       -- settle corrects these, even from an estimate of 0
-    m = m + 1
-    charged[m] = c.lim.charge_text
-  end
-end
-local ttl = nil
+-- Every limit passed: charge them all, and write each level's state back with one SET. The
+-- reservation remembers which token and cost limits it charged: settle corrects those.
+local m = charge_all(policy, n, now)
 for level = 1, 4 do
   local st = states[level]
-  if st and st.dirty then
-    if st.renew then ttl = ttl or level_ttls(limits, now) end
-    write_state(policy, level, ttl and ttl[level])
-  end
+  if st and st.dirty then write_state(policy, level, now) end
 end
 
 local id, tokens_text, cost_text = ARGV[7], ARGV[6], cost > 0 and int(cost) or '0'
-redis.call('HSET', KEYS[7], id, 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|'
-  .. tokens_text .. '|' .. cost_text .. '|' .. now_text .. '|' .. concat(charged, ';', 1, m))
+redis.call('HSET', KEYS[7], id, open_record(p, tool, model, tokens_text, cost_text, now_text, policy.charged, m))
 redis.call('RPUSH', KEYS[8], now_text .. ':' .. id)
-redis.call('XADD', KEYS[9], '*', 'e', usage_event('check', p, tool, model, '1', org_policy[2] or '1', tokens_text,
-  '0', '0', cost_text, '0', '0', now_text, id, '0'))
+redis.call('XADD', KEYS[9], '*', 'e', check_event(p, tool, model, org_policy[2] or '1', tokens_text, cost_text, now_text, id))
 return reply('ok', true, id)

@@ -144,17 +144,19 @@ local function read_state(policy, level, key, now, packed)
 end
 
 -- The ring of a window record, unpacked from its level's state when first needed.
+-- A slot already patched by a charge of this call (check_batch.lua charges a record more than once)
+-- keeps its count.
 local function load_slots(rec)
   if rec.loaded then return end
-  local v = rec.v
+  local v, k = rec.v, rec.patch
+  local patched = k and v[3 + k]
   v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13] = sunpack(SLOTS_FMT, rec.st.packed, rec.at + 25)
+  if k then v[3 + k] = patched end
   rec.loaded = true
 end
 
--- Write a changed state back: the level's records that exist; with a new TTL (at least `ttl` ms, and
--- long enough for every token bucket to refill) when a limit moved to a new bucket or period or is a
--- token bucket, else the TTL it has.
-local function write_state(policy, level, ttl)
+-- A level's state packed into one string: the level's records that exist ('' if none does).
+local function pack_state(policy, level)
   local st = policy.states[level]
   local records, parts, n, packed = policy.records[level], st.parts, 0, st.packed
   for i = 1, #records do
@@ -178,12 +180,17 @@ local function write_state(policy, level, ttl)
       end
     end
   end
-  if n == 0 then
-    redis.call('DEL', st.key)
-  elseif st.renew then
-    redis.call('SET', st.key, concat(parts, '', 1, n), 'PX', max(ttl or 0, st.min_ttl))
+  return concat(parts, '', 1, n)
+end
+
+-- Store a packed state: with a TTL of `ttl` ms, or the TTL the key has (nil); '' deletes the key.
+local function store_state(key, packed, ttl)
+  if packed == '' then
+    redis.call('DEL', key)
+  elseif ttl then
+    redis.call('SET', key, packed, 'PX', ttl)
   else
-    redis.call('SET', st.key, concat(parts, '', 1, n), 'KEEPTTL')
+    redis.call('SET', key, packed, 'KEEPTTL')
   end
 end
 
@@ -262,7 +269,7 @@ local function window_add(c, b, x)
   local newest = v[1]
   if b == newest and x >= 0 and not rec.loaded then    -- the newest bucket, ring not unpacked: patch it
     local k = b % SLOTS
-    v[3 + k] = sunpack('<d', rec.st.packed, rec.at + 25 + 8 * k) + x
+    v[3 + k] = (rec.patch == k and v[3 + k] or sunpack('<d', rec.st.packed, rec.at + 25 + 8 * k)) + x
     v[2] = v[2] + x
     rec.patch = k
     return false
@@ -381,6 +388,22 @@ local function level_ttls(limits, now)
   return ttl
 end
 
+-- The TTL a changed state is written with (ms): the longest horizon of its level's limits, and long
+-- enough for every token bucket to refill, when a limit moved to a new bucket or period or is a token
+-- bucket; else nil (the TTL the key has).
+local function state_ttl(policy, level, now)
+  local st = policy.states[level]
+  if not st.renew then return nil end
+  if policy.ttl_at ~= now then policy.ttl, policy.ttl_at = level_ttls(policy.l, now), now end
+  return max(policy.ttl[level], st.min_ttl)
+end
+
+-- Write a changed state back, with one SET.
+local function write_state(policy, level, now)
+  local st = policy.states[level]
+  store_state(st.key, pack_state(policy, level), st.renew and state_ttl(policy, level, now) or nil)
+end
+
 -- Apply a settlement delta (may be negative) to a node's state, where the check made at `checked` (ms)
 -- charged it: its bucket (rolling window) or its period (calendar); a token bucket is refilled or drawn now.
 local function adjust(st, lim, checked, delta, now)
@@ -461,4 +484,114 @@ local function sweep(res_key, queue_key, stream_key, org, now, n, ttl)
   end
   if done > 0 then redis.call('LTRIM', queue_key, done, -1) end
   return expired
+end
+
+-- ---- a check, in parts shared by check.lua and check_batch.lua ----
+
+-- A call's weight (credits) and estimated cost (nano-USD, at the higher of the model's two prices),
+-- from the org hash's v, t:TOOL and m:MODEL fields.
+local function call_cost(org_fields, tokens)
+  local weight, cost = tonumber(org_fields[2]) or 1, 0
+  if org_fields[3] then
+    local price_in, price_out = string.match(org_fields[3], '^(%d+),(%d+)$')
+    cost = cost_nanos(tokens, max(tonumber(price_in), tonumber(price_out)))
+  end
+  return weight, cost
+end
+
+-- Evaluate the limits that apply to a call, as cells on their node's state, in the policy's order.
+-- states[level] is the level's state, or false: then it is read at the level's first limit, from
+-- got[1 + level], the value of keys[2 + level] (check.lua's KEYS layout; keys[9 + level] are the lease
+-- zsets, which only a peek reads). Refills the policy's cells[1..n] and index[1..n] (the limit's
+-- position in the policy's "l" list) and returns n, blocked (the position among the cells of the
+-- blocking limit, 0 for none) and retry (ms until it passes, NEVER, or 0).
+local function decide(policy, states, keys, got, peek, tool, model, tokens, weight, cost, now)
+  local limits, cells, index = policy.l, policy.cells, policy.index
+  local n, blocked, retry = 0, 0, 0
+  for i = 1, #limits do
+    local lim = limits[i]
+    if (not lim.timed or active(lim, now)) and (not lim.t or lim.t == tool) and (not lim.md or lim.md == model) then
+      local m = lim.m
+      if m ~= 'concurrency' then
+        local level = lim.lv
+        local st = states[level]
+        if not st then st = read_state(policy, level, keys[2 + level], now, got[1 + level]); states[level] = st end
+        local x = m == 'tokens' and tokens or m == 'cost' and cost or m == 'credits' and weight or 1
+        local c = new_cell(lim, st, now, x)
+        n = n + 1
+        cells[n], index[n] = c, i
+        -- The common case inline: a window whose newest bucket is now's and whose ring lies wholly inside
+        -- the window counts its total, and the request fits (evaluate() would find the same; it also finds
+        -- when a refused request would pass).
+        local v = c.v
+        local used = v[2]
+        if lim.whole and v[1] == c.slot and used + x <= lim.a then
+          c.used, c.remaining, c.ok, c.retry, c.newest = used, lim.a - used, true, 0, true
+          c.reset = (used > 0 or x > 0) and (c.slot + 1) * lim.g + lim.w - now or 0
+        else
+          c.newest = false
+          evaluate(c, now)
+        end
+        if not c.ok and not lim.sh then
+          -- the request passes once every blocking limit does: the latest of their retry times
+          if blocked == 0 or c.retry == NEVER or (retry ~= NEVER and c.retry > retry) then
+            blocked, retry = n, c.retry
+          end
+        end
+      elseif peek then                                 -- leases gate runs, not calls: a check skips them
+        local c = lim.cell
+        local held = redis.call('ZCOUNT', keys[9 + lim.lv], '(' .. now, '+inf')
+        c.x, c.remaining, c.ok, c.retry, c.reset = 1, lim.a - held, held + 1 <= lim.a, 0, 0
+        n = n + 1
+        cells[n], index[n] = c, i
+      end
+    end
+  end
+  return n, blocked, retry
+end
+
+-- Charge the n cells decide() evaluated (every limit passed; shadow ones are charged too, so they can
+-- report what they would block). Fills the policy's charged[1..m] with the token and cost limits
+-- charged ("id,level": settle corrects those, even from an estimate of 0) and returns m.
+local function charge_all(policy, n, now)
+  local cells, charged, m = policy.cells, policy.charged, 0
+  for j = 1, n do
+    local c = cells[j]
+    if c.newest then charge_newest(c) else charge(c, now) end
+    local metric = c.lim.m
+    if metric == 'tokens' or metric == 'cost' then
+      m = m + 1
+      charged[m] = c.lim.charge_text
+    end
+  end
+  return m
+end
+
+-- A call's rows of the reply, written from out[k + 1] on: [index * 2 + passed, remaining, reset_ms] per
+-- cell (remaining after the charge, when charged). Returns the position of the last value written.
+local function put_rows(out, k, policy, n, charged)
+  local cells, index = policy.cells, policy.index
+  for j = 1, n do
+    local c = cells[j]
+    out[k + 1] = c.ok and index[j] * 2 + 1 or index[j] * 2
+    out[k + 2] = charged and c.remaining - c.x or c.remaining
+    out[k + 3] = c.reset
+    k = k + 3
+  end
+  return k
+end
+
+-- An admitted call's reservation record (see above), and its usage event; a refused call's event.
+local function open_record(p, tool, model, tokens_text, cost_text, now_text, charged, m)
+  return 'o|' .. p[2] .. '|' .. p[3] .. '|' .. p[4] .. '|' .. tool .. '|' .. model .. '|' .. tokens_text .. '|'
+    .. cost_text .. '|' .. now_text .. '|' .. concat(charged, ';', 1, m)
+end
+
+local function check_event(p, tool, model, weight_text, tokens_text, cost_text, now_text, id)
+  return usage_event('check', p, tool, model, '1', weight_text, tokens_text, '0', '0', cost_text, '0', '0',
+    now_text, id, '0')
+end
+
+local function deny_event(p, tool, model, now_text)
+  return usage_event('deny', p, tool, model, '0', '0', '0', '0', '0', '0', '0', '0', now_text, '', '0')
 end

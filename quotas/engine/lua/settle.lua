@@ -69,10 +69,7 @@ for charge_text in string.gmatch(policy and f[10] or '', '[^;]+') do
     end
   end
 end
-if next(states) then
-  local ttl = level_ttls(policy.l, now)
-  for level in pairs(states) do write_state(policy, level, ttl[level]) end
-end
+for level in pairs(states) do write_state(policy, level, now) end
 
 redis.call('HSET', KEYS[7], id, table.concat({'s', int(tokens), int(cost), int(est_tokens), int(est_cost), now_text}, '|'))
 redis.call('RPUSH', KEYS[8], now_text .. ':' .. id)
