@@ -147,13 +147,3 @@ class Scripts:
             if unavailable(exc):
                 raise QuotaBackendUnavailable(f"Redis cannot serve the check now: {type(exc).__name__}: {exc}") from exc
             raise
-
-    def run_many(self, name: str, calls: list[tuple[list, list]]) -> list:
-        """Several calls of one script, (keys, args) each, in one round trip. Each reply, or the
-        ResponseError its call got, in order ("Function not found": load() and send again). Redis
-        unreachable raises, as from run()."""
-        function = function_name(name)
-        try:
-            return self._call_many([("FCALL", function, len(keys), *keys, *args) for keys, args in calls])
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise QuotaBackendUnavailable(f"Redis did not answer: {exc}") from exc
