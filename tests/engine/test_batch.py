@@ -11,6 +11,8 @@ from __future__ import annotations
 import secrets
 from decimal import Decimal
 
+import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,13 +28,15 @@ TOOLS = ["", "web_search", "llm_call", "delete_record"]
 
 def policy(small: int):
     """Limits on every level, of every kind, some small enough to refuse: windows (whole and not),
-    a token bucket, calendar periods, a tool's own limit, a shadow limit."""
+    token buckets, calendar periods, limits of a tool, a shadow limit."""
     return {
         "org": [lim("requests", 40 * small, "1m"), lim("tokens", 400 * small, "1h"), lim("cost", "0.05", period="day")],
         "team": [lim("tokens", 150 * small, "10s")],
         "user": [lim("requests", 6 * small, "7s"), lim("requests", small, "1m", tool="delete_record"),
-                 lim("tokens", 50, "1h", shadow=True)],
-        "agent": [lim("credits", 4 * small, "10s", burst=5 * small), lim("requests", 30, period="month")],
+                 lim("tokens", 50, "1h", shadow=True), lim("requests", 30, period="month")],
+        # a bucket only some calls draw, with a burst far above its rate: the node's TTL (time to refill)
+        # is the last renewing check's, whether or not that check drew it
+        "agent": [lim("credits", 4 * small, "10s", burst=5 * small), lim("tokens", 1, "10s", burst=10_000, tool="llm_call")],
     }
 
 
@@ -132,3 +136,16 @@ def test_a_batch_sweeps_overdue_reservations_once_for_all_its_checks(redis_clien
     assert kinds == ["check"] * 3 + ["expire"] * 3 + ["check"] * 3
     records = redis_client.hmget(engine.keys.reservations("acme"), [d.reservation for d in first])
     assert [record.split("|")[0] for record in records] == ["x", "x", "x"]
+
+
+def test_a_batch_that_fails_half_way_writes_nothing(engine, install, redis_client):
+    """Every write waits until every check is decided: a script error (here a corrupt price) leaves no
+    events without their charges and reservations."""
+    install(agent=[lim("requests", 100, "1m")])
+    engine.check(org="acme", agent="agent-1")
+    before = {key: redis_client.dump(key) for key in redis_client.scan_iter(f"{engine.keys.prefix}:*")}
+    redis_client.hset(engine.keys.org_policy("acme"), "m:bad", "1.5,2")
+    before[engine.keys.org_policy("acme")] = redis_client.dump(engine.keys.org_policy("acme"))
+    with pytest.raises(redis.ResponseError):
+        engine.check_many(org="acme", checks=[{"agent": "agent-1"}, {"agent": "agent-1", "model": "bad"}])
+    assert {key: redis_client.dump(key) for key in redis_client.scan_iter(f"{engine.keys.prefix}:*")} == before

@@ -4,7 +4,8 @@
 -- each agent's policy, and each node's counter state, read once and written once (a node's records
 -- stay unpacked in its policy while the same agent's checks follow one another; another agent's
 -- check on the same node packs them for its own reading). Reservations go in with one HSET and one
--- RPUSH; each check has its own usage event.
+-- RPUSH; each check has its own usage event. The sweep of overdue reservations runs once, before
+-- the first check decided, for up to ARGV[3] of them.
 --
 -- KEYS (all share the org's hash tag, see quotas/engine/keys.py):
 --   1  aq:{org}:org              org policy hash
@@ -38,19 +39,17 @@ local res_key, queue_key, stream_key = KEYS[2], KEYS[3], KEYS[4]
 if not redis.call('HGET', KEYS[1], 'v') then return {'missing'} end
 
 -- Counter state: a key's value is current[key] (false: no such key), unless the records of a policy
--- hold it (holder[key], at level held_at[key]): charged and not packed yet.
+-- hold it (holder[key], at level held_at[key]): charged and not packed yet. ttl_of[key]: the TTL of
+-- the last check that renewed the key (one by one, its SET ... PX is the last; later ones keep it).
 local current, holder, held_at, ttl_of = {}, {}, {}, {}
 local touched, marked, t = {}, {}, 0  -- the keys charged, in order
 local function unhold(key)
-  local policy, level = holder[key], held_at[key]
-  current[key], holder[key] = pack_state(policy, level), nil
-  local ttl = state_ttl(policy, level, now)
-  if ttl then ttl_of[key] = max(ttl_of[key] or 0, ttl) end  -- as the first SET's PX, then KEEPTTL
+  current[key], holder[key] = pack_state(holder[key], held_at[key]), nil
 end
 
 local read, org_fields = {}, {}           -- per agent: {keys, got, path, known}; per "tool|model": HMGET
 local states = {false, false, false, false}
-local out, k, opened, queued, h, swept, stopped = {}, 0, {}, {}, 0, false, false
+local out, k, opened, queued, events, h, swept, stopped = {}, 0, {}, {}, {}, 0, false, false
 local first = 4 + 2 * agents
 for a = first, #ARGV - 1, 5 do
   local g, tool, model, tokens_text, id = tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
@@ -104,23 +103,28 @@ for a = first, #ARGV - 1, 5 do
     local fresh = policy.v == agent.known and '' or blob
     local status, reservation, charged = 'deny', '', false
     if blocked > 0 then
-      redis.call('XADD', stream_key, '*', 'e', deny_event(p, tool, model, now_text))
+      events[#events + 1] = deny_event(p, tool, model, now_text)
     else
       local m = charge_all(policy, n, now)
       for level = 1, 4 do
         local st = states[level]
-        local key = keys[2 + level]
-        if st and st.dirty and holder[key] ~= policy then
-          if not marked[key] then t = t + 1; touched[t], marked[key] = key, true end
-          holder[key], held_at[key] = policy, level
+        if st and st.dirty then
+          local key = keys[2 + level]
+          if st.renew then                -- this check's TTL; the next check of the node starts afresh
+            ttl_of[key] = state_ttl(policy, level, now)
+            st.renew, st.min_ttl = false, 0
+          end
+          if holder[key] ~= policy then
+            if not marked[key] then t = t + 1; touched[t], marked[key] = key, true end
+            holder[key], held_at[key] = policy, level
+          end
         end
       end
       local cost_text = cost > 0 and int(cost) or '0'
       opened[h + 1], opened[h + 2] = id, open_record(p, tool, model, tokens_text, cost_text, now_text, policy.charged, m)
       h = h + 2
       queued[#queued + 1] = now_text .. ':' .. id
-      redis.call('XADD', stream_key, '*', 'e', check_event(p, tool, model, fields[2] or '1', tokens_text, cost_text,
-        now_text, id))
+      events[#events + 1] = check_event(p, tool, model, fields[2] or '1', tokens_text, cost_text, now_text, id)
       status, reservation, charged = 'ok', id, true
     end
     out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] =
@@ -129,7 +133,9 @@ for a = first, #ARGV - 1, 5 do
   end
 end
 
--- Write back every node a check charged, once; then the reservations, in chunks (Lua's unpack has a limit).
+-- Nothing is written before every check is decided (an error on the way leaves no half batch; the
+-- sweep before, like check.lua's, stands on its own): every node a check charged, once; the reservations,
+-- in chunks (Lua's unpack has a limit); the usage events, in order.
 for i = 1, t do
   local key = touched[i]
   if holder[key] then unhold(key) end
@@ -137,4 +143,5 @@ for i = 1, t do
 end
 for from = 1, h, 1000 do redis.call('HSET', res_key, unpack_list(opened, from, min(h, from + 999))) end
 for from = 1, #queued, 1000 do redis.call('RPUSH', queue_key, unpack_list(queued, from, min(#queued, from + 999))) end
+for i = 1, #events do redis.call('XADD', stream_key, '*', 'e', events[i]) end
 return out
