@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import multiprocessing
+import os
 import secrets
 import time
 from decimal import Decimal
@@ -78,6 +79,9 @@ def _overadmit_worker(args) -> int:
     return admitted
 
 
+UNIX = "(d) engine check, 8 limits, unix socket"
+
+
 def run() -> dict:
     url = redis_url()
     client = redis.Redis.from_url(url, decode_responses=True)
@@ -116,6 +120,11 @@ def run() -> dict:
             # execute_command): the floor for that path, so the client's share shows on its own.
             "(a') trivial EVALSHA on a raw connection": lambda: raw_call("EVALSHA", trivial.sha, 1, trivial_key),
         }
+        socket_url = os.environ.get("QUOTAS_REDIS_URL", "")
+        if socket_url.startswith("unix://"):  # the hot path as `make run` connects it: the same server, its socket
+            by_socket = QuotaEngine(redis.Redis.from_url(socket_url, decode_responses=True), key_prefix=prefix,
+                                    sweep_per_check=0)
+            cases[UNIX] = lambda: by_socket.check(org="bench", agent="agent-x", tokens=100)
         samples: dict[str, list[float]] = {name: [] for name in cases}
         server: dict[str, list[float]] = {name: [] for name in cases}
         script_command = {"(a) trivial EVALSHA, 1 key": "cmdstat_evalsha", "(d) engine check, 8 limits": "cmdstat_fcall"}
@@ -197,6 +206,8 @@ def report(results: dict) -> str:
         "Engine check latency (microseconds, one client, loopback)",
         table(["case", "p50", "p99", "p50 vs (a)"], rows),
         f"(d) p50 / (a') p50: {d / latency[names[4]]['p50']:.2f} (the floor on the engine's own client path)",
+        *([f"(d) through the unix socket (QUOTAS_REDIS_URL, as `make run` connects the hot path): p50 "
+           f"{latency[UNIX]['p50']:.0f} us, {latency[UNIX]['p50'] / d:.2f}x (d) over TCP"] if UNIX in latency else []),
         "server time per call (best round): " + "; ".join(
             f"{name.split(')')[0]}) {value:.0f} us" for name, value in results["server_us"].items()
         ) + ": the rest of each p50 is the client and the loopback",

@@ -155,6 +155,8 @@ class Launcher:
             self.servers.append(vk)
             vk.start()
             self.env["REDIS_URL"] = vk.url
+            if vk.socket_url and not os.environ.get("QUOTAS_REDIS_URL"):
+                self.env["QUOTAS_REDIS_URL"] = vk.socket_url  # the hot path; cache and broker stay on TCP
 
     def stop_servers(self) -> None:
         for server in reversed(self.servers):

@@ -129,6 +129,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Redis / Valkey: REDIS_URL is the hot path's store, the cache and the broker.
 # ---------------------------------------------------------------------------
 REDIS_URL = env_required("REDIS_URL")
+# The hot path's connection to the same server: a unix:// URL where Valkey runs on the same machine
+# (the embedded one does) spares client and server the kernel's TCP path on every check.
+QUOTAS_REDIS_URL = env_str("QUOTAS_REDIS_URL", REDIS_URL)
 QUOTAS_REDIS_CONNECT_TIMEOUT_MS = env_int("QUOTAS_REDIS_CONNECT_TIMEOUT_MS", 200, minimum=1)
 QUOTAS_REDIS_READ_TIMEOUT_MS = env_int("QUOTAS_REDIS_READ_TIMEOUT_MS", 500, minimum=1)
 # Every key the service writes starts with this prefix (tests use a random one).

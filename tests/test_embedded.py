@@ -169,6 +169,44 @@ def test_a_taken_port_is_replaced_by_a_free_one(workdir, capsys):
     assert f"port {first.port} is in use" in capsys.readouterr().out
 
 
+def test_valkey_serves_its_unix_socket_too_where_the_path_allows_one(workdir):
+    base = workdir / "var"
+    with Valkey(base / "valkey", None, owned_root=base) as vk:
+        assert vk.socket_url == f"unix://{base / 'valkey' / 'valkey.sock'}?db=0"
+        redis.Redis.from_url(vk.url).set("k", "through tcp")
+        assert redis.Redis.from_url(vk.socket_url).get("k") == b"through tcp"  # one server, two ways in
+    deep = Valkey(base / ("d" * 90) / "valkey", None, owned_root=base)
+    assert deep.socket_path is None and deep.socket_url is None  # too long for a unix socket: TCP only
+    assert "--unixsocket" not in deep._argv()
+
+
+def test_the_launcher_gives_the_hot_path_the_embedded_valkeys_socket(workdir, monkeypatch):
+    """QUOTAS_REDIS_URL (the hot path) is the socket; REDIS_URL (cache, Celery) stays on TCP."""
+    from project.launch import Launcher
+
+    for name in ("DATABASE_URL", "REDIS_URL", "QUOTAS_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AQ_VAR_DIR", str(workdir / "var"))
+    launcher = Launcher("run", [])
+    launcher.start_servers()
+    try:
+        assert launcher.env["REDIS_URL"].startswith("redis://127.0.0.1:")
+        assert launcher.env["QUOTAS_REDIS_URL"] == f"unix://{workdir / 'var' / 'dev' / 'valkey' / 'valkey.sock'}?db=0"
+        assert redis.Redis.from_url(launcher.env["QUOTAS_REDIS_URL"]).ping()
+    finally:
+        launcher.stop_servers()
+
+
+def test_this_suites_hot_path_goes_the_way_quotas_redis_url_says():
+    from django.conf import settings
+
+    from quotas.services.engine import get_engine
+
+    expected = redis.UnixDomainSocketConnection if settings.QUOTAS_REDIS_URL.startswith("unix://") else redis.Connection
+    assert get_engine().client.connection_pool.connection_class is expected
+    assert get_engine().client.ping()
+
+
 def test_startup_failure_shows_the_server_log(workdir):
     base = workdir / "var"
     server = Valkey(base / "valkey", None, owned_root=base)
