@@ -19,7 +19,6 @@ import json
 import logging
 import re
 import random
-import secrets
 import time
 from dataclasses import dataclass
 from decimal import Decimal
@@ -44,6 +43,7 @@ from .decision import (
     UnknownOrg,
     UnknownReservation,
 )
+from .ids import random_hex
 from .keys import Keys
 from .scripts import Scripts, unavailable
 
@@ -447,7 +447,7 @@ class QuotaEngine:
 
     def _new_id(self, path: Path) -> str:
         """A reservation or lease id that names the path it was made on (settle and release need its keys)."""
-        return f"{secrets.token_hex(8)}.{path[1]}.{path[2]}.{path[3]}"
+        return f"{random_hex(8)}.{path[1]}.{path[2]}.{path[3]}"
 
     def _path_of_id(self, org: str, ident: str, error) -> Path:
         parts = ident.split(".") if isinstance(ident, str) else []

@@ -48,6 +48,18 @@ def unavailable(exc: BaseException) -> bool:
     return isinstance(exc, redis.exceptions.ResponseError) and str(exc).split(" ", 1)[0] in UNAVAILABLE_CODES
 SCRIPT_NAMES = ("check", "check_batch", "settle", "lease", "sweep")
 
+# Forks so far in this process's line: a connection made before a fork is the parent's (counted here
+# rather than comparing os.getpid() on every call: a system call each).
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
 
 @cache
 def library() -> tuple[str, str]:
@@ -87,9 +99,9 @@ class Scripts:
 
     def _connection(self):
         local = self._local
-        if getattr(local, "pid", None) != os.getpid():
+        if getattr(local, "forks", -1) != _forks:  # a new thread, or the first call after a fork
             pool = self.client.connection_pool
-            local.connection, local.pid = pool.connection_class(**pool.connection_kwargs), os.getpid()
+            local.connection, local.forks = pool.connection_class(**pool.connection_kwargs), _forks
         return local.connection
 
     def _call(self, *command):

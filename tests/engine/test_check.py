@@ -231,3 +231,20 @@ def test_a_known_policy_is_not_sent_again_whatever_its_version_looks_like(engine
     for _ in range(3):
         assert engine.check(org="acme", agent="agent-1").allowed
     assert len(learnt) == 1  # the first answer (path unknown yet); not once per check
+
+
+def test_ids_are_random_hex_and_a_forked_child_draws_its_own():
+    import os
+
+    from quotas.engine.ids import random_hex
+
+    ids = {random_hex(8) for _ in range(5000)}  # across several 4 KiB reads of os.urandom
+    assert len(ids) == 5000 and all(len(i) == 16 and int(i, 16) >= 0 for i in ids)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.write(write, random_hex(8).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    # the parent's read-ahead is the child's too, unless the child starts afresh: same next id
+    assert os.read(read, 16).decode() != random_hex(8)
