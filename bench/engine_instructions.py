@@ -1,10 +1,10 @@
 """Instructions the server spends per check, counted by valgrind's callgrind (deterministic, unlike time).
 
 Starts its own valkey-server under `valgrind --tool=callgrind` on a free loopback
-port, and reports instructions per call of a trivial one-key EVALSHA and of this
-engine's check with 1, 4 and 8 limits. The same binary and inputs give the same
-counts whatever else the machine is doing: the number to watch when changing the
-Lua scripts. Needs Debian's valgrind (`apt-get install valgrind`); skips without it.
+port, and reports instructions per call of a trivial one-key EVALSHA, of this
+engine's check with 1, 4 and 8 limits, and per check of a batch of 100. The same
+binary and inputs give the same counts whatever else the machine is doing: the
+number to watch when changing the Lua scripts. Needs Debian's valgrind (`apt-get install valgrind`); skips without it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from quotas.engine import QuotaEngine
 from quotas.policy.document import LimitDoc
 
 CALLS = 200
+BATCH = 100
+BATCH_CASE = f"(e) engine batch of {BATCH} checks, 8 limits, 4 agents: per check"
 BIG = Decimal(10**9)
 
 
@@ -98,6 +100,16 @@ def run() -> dict:
                                      clock=lambda: 1_795_000_000_000)
                 install(client, engine, ("bench", "team-x", "user-x", "agent-x"), limits)
                 results[name] = grind.per_call(lambda: engine.check(org="bench", agent="agent-x", tokens=100))
+            # (e) one FCALL for 100 checks of 4 agents that share their org, team and user (check_batch.lua),
+            # against (d) for the same checks one by one
+            engine = QuotaEngine(client, key_prefix=f"cg{secrets.token_hex(3)}", sweep_per_check=0,
+                                 clock=lambda: 1_795_000_000_000)
+            agents = [f"agent-{i}" for i in range(4)]
+            for agent in agents:
+                install(client, engine, ("bench", "team-x", "user-x", agent), eight_limits())
+            checks = [{"agent": agents[i % 4], "tokens": 100} for i in range(BATCH)]
+            results[BATCH_CASE] = round(grind.per_call(lambda: engine.check_many(org="bench", checks=checks),
+                                                       calls=CALLS // 20) / BATCH)
         finally:
             grind.stop()
     return {"instructions": results}
@@ -108,8 +120,10 @@ def report(results: dict) -> str:
         return f"skipped: {results['skipped']}"
     rows = results["instructions"]
     floor = rows["(a) trivial EVALSHA, 1 key"]
+    d = rows["(d) engine check, 8 limits"]
     return table(["case", "server instructions / call", "vs (a)"],
-                 [[name, f"{count:,}", f"{count / floor:.1f}x"] for name, count in rows.items()])
+                 [[name, f"{count:,}", f"{count / floor:.1f}x"] for name, count in rows.items()]) + (
+        f"\n(e) / (d): {rows[BATCH_CASE] / d:.2f} (a check in a batch against one on its own)")
 
 
 if __name__ == "__main__":
