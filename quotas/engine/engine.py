@@ -6,9 +6,10 @@
         ...  # call the model
         engine.settle(org="acme-corp", reservation=d.reservation, input_tokens=1200, output_tokens=640)
 
-A check is one FCALL (a batch of checks too). The script's keys follow from the agent's path (org,
-team, user, agent), which the engine learns from the first answer and keeps,
-with the agent's policy (to describe the limits the script reports by index).
+A check is one FCALL, and so is a batch of checks. The script's keys follow
+from the agent's path (org, team, user, agent), which the engine learns from
+the first answer and keeps, with the agent's policy (to describe the limits the
+script reports by index).
 A script that finds the path changed answers "stale" with the new policy and
 the engine asks again: after a policy edit that moved the agent, once.
 """
