@@ -50,6 +50,12 @@ end
 local read, org_fields = {}, {}           -- per agent: {keys, got, path, known}; per "tool|model": HMGET
 local states = {false, false, false, false}
 local out, k, opened, queued, events, h, swept, stopped = {}, 0, {}, {}, {}, 0, false, false
+-- A check's 7 values before its rows (see the top), from out[k + 1] on; returns the last position written.
+local function put_head(k, status, version, policy_text, retry, blocked, reservation, n)
+  out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] =
+    status, version, policy_text, retry, blocked, reservation, n
+  return k + 7
+end
 local first = 4 + 2 * agents
 for a = first, #ARGV - 1, 5 do
   local g, tool, model, tokens_text, id = tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5]
@@ -69,15 +75,12 @@ for a = first, #ARGV - 1, 5 do
   local blob = agent.got[1]
   local policy = blob and decode_policy(blob)
   if not policy then
-    out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] = 'unknown', 0, '', 0, 0, '', 0
-    k = k + 7
+    k = put_head(k, 'unknown', 0, '', 0, 0, '', 0)
   elseif policy.path_text ~= agent.path then
-    out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] = 'stale', policy.v, blob, 0, 0, '', 0
-    k = k + 7
+    k = put_head(k, 'stale', policy.v, blob, 0, 0, '', 0)
     stopped = true
   elseif stopped then
-    out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] = 'skip', 0, '', 0, 0, '', 0
-    k = k + 7
+    k = put_head(k, 'skip', 0, '', 0, 0, '', 0)
   else
     local p, keys, got = policy.p, agent.keys, agent.got
     local fields = org_fields[tool .. '|' .. model]
@@ -127,9 +130,7 @@ for a = first, #ARGV - 1, 5 do
       events[#events + 1] = check_event(p, tool, model, fields[2] or '1', tokens_text, cost_text, now_text, id)
       status, reservation, charged = 'ok', id, true
     end
-    out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5], out[k + 6], out[k + 7] =
-      status, policy.v, fresh, retry, blocked, reservation, n
-    k = put_rows(out, k + 7, policy, n, charged)
+    k = put_rows(out, put_head(k, status, policy.v, fresh, retry, blocked, reservation, n), policy, n, charged)
   end
 end
 
